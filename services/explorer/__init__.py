@@ -1,0 +1,1 @@
+"""Explorer service: rollouts with a rollout engine, workflows, rewards and evaluation."""

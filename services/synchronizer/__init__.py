@@ -1,0 +1,1 @@
+"""Synchronizer service: run state, model versions, sync plan and weight transfer."""
