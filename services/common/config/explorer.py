@@ -1,0 +1,84 @@
+"""`explorer` section: rollout engine, auxiliary models, runners, retries and evaluation cadence."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from services.common.config.base import Section
+
+
+class InferenceModelConfig(Section):
+    """A rollout engine (`explorer.rollout_model`) or an auxiliary model (`explorer.auxiliary_models[i]`).
+
+    `engine_type`: `hf` (transformers, CPU or GPU; the default) or `vllm` (GPU, optional extra).
+    Auxiliary models may instead be reached over an OpenAI-compatible HTTP API (`api_base`).
+    """
+
+    engine_type: Literal["hf", "vllm", "openai"] = "hf"
+    model_path: str | None = None
+    name: str | None = None
+    engine_num: int = Field(1, ge=1)
+    tensor_parallel_size: int = Field(1, ge=1)
+    use_v1: bool = True
+    enforce_eager: bool = False
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    # `auto`: bfloat16 on CUDA, float32 on CPU.
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    seed: int = 42
+    max_model_len: int | None = Field(None, gt=0)
+    max_prompt_tokens: int | None = Field(None, gt=0)
+    max_response_tokens: int | None = Field(None, gt=0)
+    chat_template: str | None = None
+    enable_thinking: bool | None = None
+    enable_history: bool = False
+    enable_openai_api: bool = False
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    ignore_eos: bool = False
+    # hf engine: sequences generated together per forward pass (bounds memory).
+    micro_batch_size: int = Field(64, ge=1)
+    # openai engine: endpoint and the environment variable holding the key.
+    api_base: str | None = None
+    api_key_env: str | None = None
+
+
+class OverRolloutConfig(Section):
+    ratio: float = Field(0.0, ge=0, lt=1)
+    wait_after_min: float = Field(30.0, ge=0)
+
+
+class DynamicTimeoutConfig(Section):
+    enable: bool = False
+    ratio: float = Field(3.0, gt=0)
+
+
+class ExplorerConfig(Section):
+    name: str = "explorer"
+    runner_per_model: int = Field(8, ge=1)
+    max_timeout: float = Field(1800, gt=0)
+    max_retry_times: int = Field(2, ge=0)
+    env_vars: dict[str, str] = {}
+    concurrent_mode: Literal["sequential", "asynchronous", "multi-threading"] = "sequential"
+    max_repeat_times_per_runner: int | None = Field(None, ge=1)
+    eval_interval: int = Field(100, ge=1)
+    eval_on_startup: bool = True
+    bench_on_latest_checkpoint: bool = False
+    rollout_model: InferenceModelConfig = InferenceModelConfig()
+    auxiliary_models: list[InferenceModelConfig] = []
+    over_rollout: OverRolloutConfig = OverRolloutConfig()
+    dynamic_timeout: DynamicTimeoutConfig = DynamicTimeoutConfig()
+    service_status_check_interval: float = Field(60, gt=0)
+    min_running_model_num: int = Field(1, ge=1)
+
+    @field_validator("auxiliary_models")
+    @classmethod
+    def _auxiliary_have_a_model(cls, models: list[InferenceModelConfig]) -> list[InferenceModelConfig]:
+        for i, m in enumerate(models):
+            if not m.model_path and not m.api_base:
+                raise ValueError(f"auxiliary_models[{i}] needs model_path or api_base")
+        return models

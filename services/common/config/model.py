@@ -1,0 +1,49 @@
+"""`model` and `cluster` sections: which model, its token limits and default sampling arguments."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from services.common.config.base import Section
+
+
+class ModelConfig(Section):
+    """The policy model and defaults that tasksets and rollout engines inherit."""
+
+    model_path: str = ""
+    critic_model_path: str = ""
+    trust_remote_code: bool = False
+    custom_chat_template: str | None = None
+    chat_template_path: str | None = None
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = -1
+    logprobs: int = Field(0, ge=0)
+    max_model_len: int | None = Field(None, gt=0)
+    max_prompt_tokens: int | None = Field(None, gt=0)
+    max_response_tokens: int | None = Field(None, gt=0)
+    min_response_tokens: int = Field(0, ge=0)
+    enable_prompt_truncation: bool = True
+    repetition_penalty: float = Field(1.0, gt=0)
+    enable_thinking: bool | None = None
+    rope_scaling: dict[str, Any] | None = None
+    rope_theta: float | None = None
+
+    @model_validator(mode="after")
+    def _token_limits_fit(self) -> ModelConfig:
+        p, r, m = self.max_prompt_tokens, self.max_response_tokens, self.max_model_len
+        if p is not None and r is not None and m is not None and p + r > m:
+            raise ValueError(
+                f"max_prompt_tokens ({p}) + max_response_tokens ({r}) exceeds max_model_len ({m}); "
+                "raise max_model_len or lower one of the two"
+            )
+        return self
+
+
+class ClusterConfig(Section):
+    """Machines of the run (GPUs are split between rollout engines and the trainer)."""
+
+    node_num: int = Field(1, ge=1)
+    gpu_per_node: int = Field(0, ge=0)

@@ -1,0 +1,81 @@
+"""The root of the config tree (`RFTConfig`) and run stages. Cross-section rules are checked here."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import model_validator
+
+from services.common.config.algorithm import AlgorithmConfig
+from services.common.config.base import Section
+from services.common.config.buffer import BufferConfig
+from services.common.config.explorer import ExplorerConfig
+from services.common.config.model import ClusterConfig, ModelConfig
+from services.common.config.runtime import LogConfig, MonitorConfig, SynchronizerConfig, TrainerConfig
+from services.common.config.services import ServicesConfig
+
+MODES = ("both", "train", "explore", "bench")
+
+
+class StageConfig(Section):
+    """One stage of a multi-stage run (e.g. SFT warm-up, then GRPO). Its sections override the base ones
+    key by key; each stage starts from the previous stage's HF checkpoint."""
+
+    stage_name: str
+    mode: Literal[MODES] | None = None  # type: ignore[valid-type]
+    algorithm: dict[str, Any] | None = None
+    model: dict[str, Any] | None = None
+    buffer: dict[str, Any] | None = None
+    explorer: dict[str, Any] | None = None
+    synchronizer: dict[str, Any] | None = None
+    trainer: dict[str, Any] | None = None
+
+
+class RFTConfig(Section):
+    """One run. Every service reads the same file and takes its own section."""
+
+    mode: Literal[MODES] = "both"  # type: ignore[valid-type]
+    project: str = "rft-mesh"
+    group: str = ""
+    name: str = "rft"
+    checkpoint_root_dir: str = "./checkpoints"
+    continue_from_checkpoint: bool = True
+    ignore_validator_suggestions: bool = False
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    model: ModelConfig = ModelConfig()
+    cluster: ClusterConfig = ClusterConfig()
+    buffer: BufferConfig = BufferConfig()
+    explorer: ExplorerConfig = ExplorerConfig()
+    synchronizer: SynchronizerConfig = SynchronizerConfig()
+    trainer: TrainerConfig = TrainerConfig()
+    monitor: MonitorConfig = MonitorConfig()
+    log: LogConfig = LogConfig()
+    services: ServicesConfig = ServicesConfig()
+    stages: list[StageConfig] = []
+
+    @model_validator(mode="after")
+    def _batch_sizes_hold_whole_groups(self) -> RFTConfig:
+        repeat = self.algorithm.repeat_times
+        train = self.buffer.train_batch_size
+        if train and train % repeat:
+            raise ValueError(
+                f"buffer.train_batch_size ({train}) must be a multiple of algorithm.repeat_times ({repeat}) "
+                f"so batches hold whole groups; try {max(repeat, train // repeat * repeat)}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _gpus_left_for_trainer(self) -> RFTConfig:
+        total = self.cluster.node_num * self.cluster.gpu_per_node
+        if total == 0 or self.mode != "both":
+            return self
+        rollout = self.explorer.rollout_model
+        used = rollout.engine_num * rollout.tensor_parallel_size + sum(
+            m.engine_num * m.tensor_parallel_size for m in self.explorer.auxiliary_models if m.model_path
+        )
+        if used >= total:
+            raise ValueError(
+                f"rollout and auxiliary engines take {used} of the cluster's {total} GPUs, leaving none "
+                "for the trainer; lower explorer.rollout_model.engine_num or raise cluster.gpu_per_node"
+            )
+        return self

@@ -1,0 +1,79 @@
+"""`synchronizer`, `trainer`, `monitor` and `log` sections: how weights move, how training runs, where metrics go."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from services.common.config.base import Section, normalise_alias
+
+SYNC_METHOD_ALIASES = {"online": "nccl", "offline": "checkpoint"}
+SYNC_STYLE_ALIASES = {"dynamic_by_explorer": "explorer_driven", "dynamic_by_trainer": "trainer_driven"}
+
+
+class SynchronizerConfig(Section):
+    """When and how weights move from the trainer to the explorers (Trinity-RFT meaning)."""
+
+    sync_method: Literal["nccl", "checkpoint", "memory"] = "nccl"
+    sync_style: Literal["fixed", "explorer_driven", "trainer_driven"] = "fixed"
+    sync_interval: int = Field(1, ge=1)
+    sync_offset: int = Field(0, ge=0)
+    sync_timeout: float = Field(3600, gt=0)
+    wait_for_checkpoint: bool = False
+    # Bytes per flat bucket in a broadcast (nccl/gloo) and per gRPC chunk (memory).
+    bucket_bytes: int = Field(64 << 20, ge=1 << 16)
+    chunk_bytes: int = Field(4 << 20, ge=1 << 12, le=32 << 20)
+    # Seconds of silence after which a member is marked lost.
+    heartbeat_timeout: float = Field(60, gt=0)
+
+    @field_validator("sync_method", mode="before")
+    @classmethod
+    def _method_alias(cls, value: Any) -> Any:
+        return normalise_alias(value, SYNC_METHOD_ALIASES)
+
+    @field_validator("sync_style", mode="before")
+    @classmethod
+    def _style_alias(cls, value: Any) -> Any:
+        return normalise_alias(value, SYNC_STYLE_ALIASES)
+
+
+class TrainerConfig(Section):
+    """Training loop settings. `trainer_config` carries veRL-style nested settings through unchanged."""
+
+    trainer_type: Literal["verl", "fsdp2"] = "fsdp2"
+    trainer_strategy: Literal["fsdp", "fsdp2"] = "fsdp2"
+    save_interval: int = Field(0, ge=0)
+    enable_preview: bool = True
+    total_steps: int | None = Field(None, ge=1)
+    save_hf_checkpoint: Literal["last", "always", "never"] = "last"
+    grad_clip: float = Field(1.0, gt=0)
+    use_dynamic_bsz: bool = True
+    max_token_len_per_gpu: int | None = Field(None, gt=0)
+    ulysses_sequence_parallel_size: int = Field(1, ge=1)
+    save_strategy: Literal["unrestricted", "single_thread", "single_process", "single_node"] = "unrestricted"
+    max_checkpoints_to_keep: int | None = Field(None, ge=1)
+    # Micro-batch size per device when use_dynamic_bsz is false.
+    micro_batch_size_per_gpu: int = Field(8, ge=1)
+    # Number of trainer processes (torchrun --nproc_per_node); 1 runs without torchrun.
+    nproc: int = Field(1, ge=1)
+    trainer_config: dict[str, Any] = {}
+
+
+class MonitorConfig(Section):
+    """Metric sinks. Console and JSON lines always run; this adds one more backend."""
+
+    monitor_type: Literal["none", "console", "tensorboard", "wandb", "mlflow"] = "console"
+    monitor_args: dict[str, Any] = {}
+    detailed_stats: bool = False
+
+
+class LogConfig(Section):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    # Console rendering: `auto` = readable on a TTY, JSON otherwise.
+    format: Literal["auto", "json", "console"] = "auto"
+
+    @field_validator("level", mode="before")
+    @classmethod
+    def _upper(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
