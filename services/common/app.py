@@ -1,0 +1,82 @@
+"""The skeleton every service's `__main__` shares: parse `--config`/`--set`, load the config, set up
+logging and the Prometheus endpoint, start the gRPC server, and stop gracefully on SIGTERM/SIGINT.
+
+    # services/<name>/__main__.py
+    sys.exit(service_main("buffer", build_buffer))
+
+`build(config)` returns the servicer registrations and an optional async close hook.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+
+from prometheus_client import start_http_server
+
+from services.common.config import ConfigError, RFTConfig, load_config
+from services.common.log import configure_logging
+from services.common.rpc.server import Registration, serve_until_signal, start_server
+
+Build = Callable[[RFTConfig], Awaitable[tuple[Sequence[Registration], Callable[[], Awaitable[None]] | None]]]
+
+
+def start_metrics_server(host: str, port: int) -> int | None:
+    """Serve Prometheus /metrics on `port` (0 = free port, -1 = off); returns the bound port."""
+    if port < 0:
+        return None
+    server, _thread = start_http_server(port, addr=host)
+    return int(server.server_port)
+
+
+def parse_args(service: str, argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog=f"python -m services.{service}", description=f"Run the {service} service."
+    )
+    parser.add_argument("--config", required=True, help="run config YAML")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key"
+    )
+    parser.add_argument("--port", type=int, default=None, help="listen port (overrides services.<svc>.port)")
+    parser.add_argument("--port-file", default=None, help="write the bound port to this file once serving")
+    return parser.parse_args(argv)
+
+
+async def run_service(
+    service: str, config: RFTConfig, build: Build, port: int | None, port_file: str | None
+) -> None:
+    endpoint = getattr(config.services, service)
+    log = configure_logging(service, run=config.name, level=config.log.level, fmt=config.log.format)
+    registrations, close = await build(config)
+    handle = await start_server(
+        registrations,
+        host=endpoint.host,
+        port=endpoint.port if port is None else port,
+        auth_token=config.services.auth_token,
+        tls=config.services.tls,
+        max_message_bytes=config.services.max_message_bytes,
+    )
+    metrics_port = start_metrics_server(endpoint.host, endpoint.metrics_port)
+    if port_file:
+        with open(port_file + ".tmp", "w") as fh:
+            fh.write(str(handle.port))
+        import os
+
+        os.replace(port_file + ".tmp", port_file)
+    log.info("serving", port=handle.port, metrics_port=metrics_port, services=handle.service_names)
+    await serve_until_signal(handle, on_stop=close)
+    log.info("stopped")
+
+
+def service_main(service: str, build: Build, argv: Sequence[str] | None = None) -> int:
+    """Entry point of `python -m services.<service>`; returns the process exit code."""
+    args = parse_args(service, argv)
+    try:
+        config = load_config(args.config, overrides=args.set)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    asyncio.run(run_service(service, config, build, args.port, args.port_file))
+    return 0

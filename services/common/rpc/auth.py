@@ -1,0 +1,111 @@
+"""Bearer-token authentication: a server interceptor that answers UNAUTHENTICATED without the token,
+and client interceptors that attach it. The health service stays open so orchestrators can probe it."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
+AUTH_HEADER = "authorization"
+
+
+def _token_ok(metadata: Any, token: str) -> bool:
+    for key, value in metadata or ():
+        if key == AUTH_HEADER:
+            return hmac.compare_digest(str(value), f"Bearer {token}")
+    return False
+
+
+def _rejecting_handler(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
+    async def abort(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    async def abort_stream(request_or_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        yield  # pragma: no cover - makes this an async generator
+
+    kwargs = {
+        "request_deserializer": handler.request_deserializer,
+        "response_serializer": handler.response_serializer,
+    }
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(abort_stream, **kwargs)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(abort, **kwargs)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(abort_stream, **kwargs)
+    return grpc.unary_unary_rpc_method_handler(abort, **kwargs)
+
+
+class BearerTokenServerInterceptor(grpc.aio.ServerInterceptor):
+    """Refuses every RPC (except health checks) whose `authorization` metadata is not `Bearer <token>`."""
+
+    def __init__(self, token: str):
+        if not token:
+            raise ValueError("auth token must not be empty")
+        self._token = token
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Any],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None or handler_call_details.method.startswith(OPEN_PREFIXES):
+            return handler
+        if _token_ok(handler_call_details.invocation_metadata, self._token):
+            return handler
+        return _rejecting_handler(handler, "missing or wrong bearer token in 'authorization' metadata")
+
+
+def _with_token(client_call_details: grpc.aio.ClientCallDetails, token: str) -> grpc.aio.ClientCallDetails:
+    metadata = list(client_call_details.metadata or ())
+    metadata.append((AUTH_HEADER, f"Bearer {token}"))
+    return grpc.aio.ClientCallDetails(
+        method=client_call_details.method,
+        timeout=client_call_details.timeout,
+        metadata=grpc.aio.Metadata(*metadata),
+        credentials=client_call_details.credentials,
+        wait_for_ready=client_call_details.wait_for_ready,
+    )
+
+
+class _TokenMixin:
+    def __init__(self, token: str):
+        self._token = token
+
+    async def _call(self, continuation: Any, details: grpc.aio.ClientCallDetails, request: Any) -> Any:
+        return await continuation(_with_token(details, self._token), request)
+
+
+class TokenUnaryUnary(_TokenMixin, grpc.aio.UnaryUnaryClientInterceptor):
+    async def intercept_unary_unary(self, continuation, client_call_details, request):  # type: ignore[override]
+        return await self._call(continuation, client_call_details, request)
+
+
+class TokenUnaryStream(_TokenMixin, grpc.aio.UnaryStreamClientInterceptor):
+    async def intercept_unary_stream(self, continuation, client_call_details, request):  # type: ignore[override]
+        return await self._call(continuation, client_call_details, request)
+
+
+class TokenStreamUnary(_TokenMixin, grpc.aio.StreamUnaryClientInterceptor):
+    async def intercept_stream_unary(self, continuation, client_call_details, request_iterator):  # type: ignore[override]
+        return await self._call(continuation, client_call_details, request_iterator)
+
+
+class TokenStreamStream(_TokenMixin, grpc.aio.StreamStreamClientInterceptor):
+    async def intercept_stream_stream(self, continuation, client_call_details, request_iterator):  # type: ignore[override]
+        return await self._call(continuation, client_call_details, request_iterator)
+
+
+def client_token_interceptors(token: str) -> list[grpc.aio.ClientInterceptor]:
+    return [
+        TokenUnaryUnary(token),
+        TokenUnaryStream(token),
+        TokenStreamUnary(token),
+        TokenStreamStream(token),
+    ]

@@ -1,0 +1,117 @@
+"""One builder for every service's `grpc.aio` server: health service, reflection, 64 MiB messages,
+optional bearer token and TLS, and a graceful stop on SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from services.common.config.services import TLSConfig
+from services.common.rpc.auth import BearerTokenServerInterceptor
+from services.common.rpc.client import DEFAULT_MAX_MESSAGE_BYTES, channel_options
+
+# (add_XServicer_to_server function, servicer instance, full service name e.g. "rft.v1.BufferService")
+Registration = tuple[Callable[[Any, grpc.aio.Server], None], Any, str]
+
+
+@dataclass
+class ServerHandle:
+    """A started server: its bound port, the health servicer, and a stop that flips health first."""
+
+    server: grpc.aio.Server
+    port: int
+    health: health.aio.HealthServicer
+    service_names: list[str]
+    stopped: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """Mark NOT_SERVING, let in-flight RPCs finish for up to `grace` seconds, then stop."""
+        if self.stopped.is_set():
+            return
+        for name in ["", *self.service_names]:
+            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self.server.stop(grace)
+        self.stopped.set()
+
+
+def _server_credentials(tls: TLSConfig) -> grpc.ServerCredentials:
+    key = Path(tls.key_file).read_bytes()  # type: ignore[arg-type]
+    cert = Path(tls.cert_file).read_bytes()  # type: ignore[arg-type]
+    return grpc.ssl_server_credentials([(key, cert)])
+
+
+async def start_server(
+    registrations: Sequence[Registration],
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    auth_token: str | None = None,
+    tls: TLSConfig | None = None,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+) -> ServerHandle:
+    """Build and start a server with the given servicers, health and reflection; port 0 picks a free port."""
+    interceptors = [BearerTokenServerInterceptor(auth_token)] if auth_token else []
+    server = grpc.aio.server(options=channel_options(max_message_bytes), interceptors=interceptors)
+    names = []
+    for add_fn, servicer, name in registrations:
+        add_fn(servicer, server)
+        names.append(name)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection(
+        [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server
+    )
+    bind = f"{host}:{port}"
+    if tls is not None and tls.enabled:
+        bound = server.add_secure_port(bind, _server_credentials(tls))
+    else:
+        bound = server.add_insecure_port(bind)
+    if bound == 0:
+        raise OSError(f"could not bind gRPC server to {bind}")
+    await server.start()
+    for name in ["", *names]:
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return ServerHandle(server=server, port=bound, health=health_servicer, service_names=names)
+
+
+async def serve_until_signal(
+    handle: ServerHandle,
+    *,
+    grace: float = 5.0,
+    on_stop: Callable[[], Awaitable[None]] | None = None,
+    stop_event: asyncio.Event | None = None,
+) -> None:
+    """Run until SIGTERM/SIGINT (or `stop_event`), then run `on_stop` and stop gracefully."""
+    loop = asyncio.get_running_loop()
+    stop = stop_event or asyncio.Event()
+    installed = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError):  # not the main thread / not supported
+            pass
+    try:
+        waiter = asyncio.ensure_future(stop.wait())
+        terminated = asyncio.ensure_future(handle.server.wait_for_termination())
+        await asyncio.wait({waiter, terminated}, return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        terminated.cancel()
+        if on_stop is not None:
+            await on_stop()
+        await handle.stop(grace)
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
