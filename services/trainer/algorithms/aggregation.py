@@ -19,7 +19,9 @@ LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "se
 def check_loss_agg_mode(loss_agg_mode: str) -> str:
     """Return ``loss_agg_mode`` or raise ``ValueError`` listing the valid modes."""
     if loss_agg_mode not in LOSS_AGG_MODES:
-        raise ValueError(f"invalid loss_agg_mode {loss_agg_mode!r}; expected one of {', '.join(LOSS_AGG_MODES)}")
+        raise ValueError(
+            f"invalid loss_agg_mode {loss_agg_mode!r}; expected one of {', '.join(LOSS_AGG_MODES)}"
+        )
     return loss_agg_mode
 
 
@@ -47,7 +49,11 @@ def agg_loss(
     check_loss_agg_mode(loss_agg_mode)
     if loss_agg_mode == "token-mean":
         total = masked_sum(loss_mat, loss_mask)
-        n_tok = loss_mask.sum().to(total.dtype) if batch_num_tokens is None else total.new_tensor(batch_num_tokens)
+        n_tok = (
+            loss_mask.sum().to(total.dtype)
+            if batch_num_tokens is None
+            else total.new_tensor(batch_num_tokens)
+        )
         return total / n_tok.clamp(min=1e-8) * dp_size
     if loss_agg_mode == "seq-mean-token-sum-norm":
         scale = loss_mask.shape[-1] if loss_scale_factor is None else loss_scale_factor
@@ -59,5 +65,9 @@ def agg_loss(
     else:
         seq_losses = seq_sums
     non_empty = seq_tokens > 0
-    n_seq = non_empty.sum().to(seq_sums.dtype) if global_batch_size is None else seq_sums.new_tensor(global_batch_size)
+    n_seq = (
+        non_empty.sum().to(seq_sums.dtype)
+        if global_batch_size is None
+        else seq_sums.new_tensor(global_batch_size)
+    )
     return (seq_losses * non_empty).sum() / n_seq.clamp(min=1) * dp_size

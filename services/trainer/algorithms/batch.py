@@ -71,16 +71,26 @@ class TrainBatch:
 
     def __post_init__(self) -> None:
         if self.response_mask.dim() != 2:
-            raise ValueError(f"response_mask must be (bs, response_length), got shape {tuple(self.response_mask.shape)}")
+            raise ValueError(
+                f"response_mask must be (bs, response_length), got shape {tuple(self.response_mask.shape)}"
+            )
         shape = tuple(self.response_mask.shape)
         for name in _PER_TOKEN:
             value = getattr(self, name)
             if value is not None and tuple(value.shape) != shape:
-                raise ValueError(f"{name} has shape {tuple(value.shape)}, expected {shape} like response_mask")
-        if self.prompt_mask is not None and (self.prompt_mask.dim() != 2 or self.prompt_mask.shape[0] != shape[0]):
-            raise ValueError(f"prompt_mask has shape {tuple(self.prompt_mask.shape)}, expected ({shape[0]}, prompt_length)")
+                raise ValueError(
+                    f"{name} has shape {tuple(value.shape)}, expected {shape} like response_mask"
+                )
+        if self.prompt_mask is not None and (
+            self.prompt_mask.dim() != 2 or self.prompt_mask.shape[0] != shape[0]
+        ):
+            raise ValueError(
+                f"prompt_mask has shape {tuple(self.prompt_mask.shape)}, expected ({shape[0]}, prompt_length)"
+            )
         if self.reward_baselines is not None and tuple(self.reward_baselines.shape) != (shape[0],):
-            raise ValueError(f"reward_baselines has shape {tuple(self.reward_baselines.shape)}, expected ({shape[0]},)")
+            raise ValueError(
+                f"reward_baselines has shape {tuple(self.reward_baselines.shape)}, expected ({shape[0]},)"
+            )
         for name in _PER_SAMPLE:
             value = getattr(self, name)
             if value is not None:

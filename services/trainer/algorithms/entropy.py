@@ -29,8 +29,9 @@ def entropy_from_logits_chunked(logits: torch.Tensor, chunk_size: int = 2048) ->
     Shapes: ``(..., vocab_size)`` -> ``(...)``.
     """
     flat = logits.reshape(-1, logits.shape[-1])
-    out = torch.empty(flat.shape[0], dtype=torch.float32 if flat.dtype != torch.float64 else flat.dtype,
-                      device=flat.device)
+    out = torch.empty(
+        flat.shape[0], dtype=torch.float32 if flat.dtype != torch.float64 else flat.dtype, device=flat.device
+    )
     for start in range(0, flat.shape[0], chunk_size):
         out[start : start + chunk_size] = compute_entropy_from_logits(flat[start : start + chunk_size])
     return out.reshape(logits.shape[:-1])
