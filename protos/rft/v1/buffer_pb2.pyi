@@ -8,12 +8,22 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PutResponse(_message.Message):
-    __slots__ = ("accepted", "batches")
+    __slots__ = ("accepted", "batches", "duplicates")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     BATCHES_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATES_FIELD_NUMBER: _ClassVar[int]
     accepted: int
     batches: int
-    def __init__(self, accepted: _Optional[int] = ..., batches: _Optional[int] = ...) -> None: ...
+    duplicates: int
+    def __init__(self, accepted: _Optional[int] = ..., batches: _Optional[int] = ..., duplicates: _Optional[int] = ...) -> None: ...
+
+class SequencedBatch(_message.Message):
+    __slots__ = ("batch", "sequence")
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    batch: _experience_pb2.ExperienceBatch
+    sequence: int
+    def __init__(self, batch: _Optional[_Union[_experience_pb2.ExperienceBatch, _Mapping]] = ..., sequence: _Optional[int] = ...) -> None: ...
 
 class GetBatchRequest(_message.Message):
     __slots__ = ("consumer_group", "consumer", "size", "timeout_ms", "min_model_version", "lease_ms")

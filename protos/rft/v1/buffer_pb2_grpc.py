@@ -45,6 +45,11 @@ class BufferServiceStub:
                 request_serializer=rft_dot_v1_dot_experience__pb2.ExperienceBatch.SerializeToString,
                 response_deserializer=rft_dot_v1_dot_buffer__pb2.PutResponse.FromString,
                 _registered_method=True)
+        self.PutSequenced = channel.unary_unary(
+                '/rft.v1.BufferService/PutSequenced',
+                request_serializer=rft_dot_v1_dot_buffer__pb2.SequencedBatch.SerializeToString,
+                response_deserializer=rft_dot_v1_dot_buffer__pb2.PutResponse.FromString,
+                _registered_method=True)
         self.GetBatch = channel.unary_unary(
                 '/rft.v1.BufferService/GetBatch',
                 request_serializer=rft_dot_v1_dot_buffer__pb2.GetBatchRequest.SerializeToString,
@@ -79,6 +84,14 @@ class BufferServiceServicer:
 
     def Put(self, request, context):
         """Unary form of the same, for simple clients.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PutSequenced(self, request, context):
+        """Idempotent put for producers that retry: a (producer_id, sequence) seen before is acknowledged as a
+        duplicate and not stored again, so a retry after a lost reply never stores an experience twice.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -122,6 +135,11 @@ def add_BufferServiceServicer_to_server(servicer, server):
             'Put': grpc.unary_unary_rpc_method_handler(
                     servicer.Put,
                     request_deserializer=rft_dot_v1_dot_experience__pb2.ExperienceBatch.FromString,
+                    response_serializer=rft_dot_v1_dot_buffer__pb2.PutResponse.SerializeToString,
+            ),
+            'PutSequenced': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutSequenced,
+                    request_deserializer=rft_dot_v1_dot_buffer__pb2.SequencedBatch.FromString,
                     response_serializer=rft_dot_v1_dot_buffer__pb2.PutResponse.SerializeToString,
             ),
             'GetBatch': grpc.unary_unary_rpc_method_handler(
@@ -198,6 +216,33 @@ class BufferService:
             target,
             '/rft.v1.BufferService/Put',
             rft_dot_v1_dot_experience__pb2.ExperienceBatch.SerializeToString,
+            rft_dot_v1_dot_buffer__pb2.PutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutSequenced(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rft.v1.BufferService/PutSequenced',
+            rft_dot_v1_dot_buffer__pb2.SequencedBatch.SerializeToString,
             rft_dot_v1_dot_buffer__pb2.PutResponse.FromString,
             options,
             channel_credentials,
