@@ -1,0 +1,108 @@
+"""The `rft` command: make a local tiny model, check and show configs, serve a service."""
+
+from __future__ import annotations
+
+import importlib.util
+import runpy
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import yaml
+
+from services.common.config import ConfigError, load_config, resolve
+
+SERVICES = ("buffer", "explorer", "trainer", "synchronizer")
+
+app = typer.Typer(
+    add_completion=False, no_args_is_help=True, help="RFT Mesh: reinforcement fine-tuning as services."
+)
+config_app = typer.Typer(no_args_is_help=True, help="Validate or print a run config.")
+app.add_typer(config_app, name="config")
+
+SetOpt = Annotated[list[str] | None, typer.Option("--set", help="override a key: section.key=value")]
+
+
+def _load(path: Path, overrides: list[str] | None):
+    try:
+        return load_config(path, overrides=overrides or [])
+    except ConfigError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from None
+
+
+@config_app.command("check")
+def config_check(file: Path, set_: SetOpt = None) -> None:
+    """Validate FILE; exit 2 with the bad path, value and a suggestion when it is wrong."""
+    config = _load(file, set_)
+    r = resolve(config)
+    typer.echo(
+        f"{file}: ok (mode={config.mode}, algorithm={config.algorithm.algorithm_type}, "
+        f"batch_size={config.buffer.batch_size}, train_batch_size={r.train_batch_size}, "
+        f"sync={config.synchronizer.sync_method}/{config.synchronizer.sync_style})"
+    )
+
+
+@config_app.command("show")
+def config_show(file: Path, set_: SetOpt = None) -> None:
+    """Print the full config with every default filled in, then the derived values."""
+    config = _load(file, set_)
+    r = resolve(config)
+    derived = {
+        "train_batch_size": r.train_batch_size,
+        "experiences_per_explore_step": r.experiences_per_explore_step,
+        "max_model_len": r.max_model_len,
+        "max_token_len_per_gpu": r.max_token_len_per_gpu,
+        "gpu_split": r.gpu_split,
+        "job_dir": str(r.job_dir),
+        "explorer_run_name": r.explorer_run_name,
+        "trainer_run_name": r.trainer_run_name,
+    }
+    typer.echo(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False), nl=False)
+    typer.echo(yaml.safe_dump({"resolved": derived}, sort_keys=False), nl=False)
+
+
+@app.command("make-tiny-model")
+def make_tiny_model_cmd(
+    out_dir: Path,
+    size: Annotated[str, typer.Option(help="tiny (~1M params) or small (~10M)")] = "tiny",
+    seed: int = 0,
+    force: Annotated[bool, typer.Option(help="overwrite an existing model folder")] = False,
+) -> None:
+    """Write a real HF model folder (small Qwen2, random weights, locally trained tokenizer) to OUT_DIR."""
+    from services.common.tiny_model import SIZES, make_tiny_model
+
+    if size not in SIZES:
+        typer.echo(f"--size {size!r} is not one of {', '.join(SIZES)}", err=True)
+        raise typer.Exit(2)
+    if (out_dir / "config.json").exists() and not force:
+        typer.echo(f"{out_dir} already holds a model; pass --force to overwrite")
+        return
+    make_tiny_model(out_dir, size=size, seed=seed)
+    typer.echo(f"wrote {size} model to {out_dir}")
+
+
+@app.command(
+    "serve",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)
+def serve(ctx: typer.Context, service: str) -> None:
+    """Run one service: `rft serve buffer --config run.yaml` (same as `python -m services.buffer`)."""
+    if service not in SERVICES:
+        typer.echo(f"unknown service {service!r}; choose one of {', '.join(SERVICES)}", err=True)
+        raise typer.Exit(2)
+    module = f"services.{service}.__main__"
+    if importlib.util.find_spec(module) is None:
+        typer.echo(f"the {service} service has no server in this version yet ({module} is missing)", err=True)
+        raise typer.Exit(2)
+    sys.argv = [f"rft serve {service}", *ctx.args]
+    runpy.run_module(f"services.{service}", run_name="__main__", alter_sys=True)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()
