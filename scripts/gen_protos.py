@@ -22,7 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "protos"
 PACKAGE_DIR = PROTO_ROOT / "rft" / "v1"
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
-INIT_TEXT = '"""Generated gRPC contracts of RFT Mesh (package rft.v1). Do not edit: run scripts/gen_protos.py."""\n'
+INIT_TEXT = (
+    '"""Generated gRPC contracts of RFT Mesh (package rft.v1). Do not edit: run scripts/gen_protos.py."""\n'
+)
 
 
 def generate(out_root: Path) -> list[Path]:
@@ -65,7 +67,11 @@ def check() -> int:
             mine = PACKAGE_DIR / p.name
             if mine.exists() and not filecmp.cmp(p, mine, shallow=False):
                 diff = difflib.unified_diff(
-                    mine.read_text().splitlines(), p.read_text().splitlines(), str(mine), "generated", lineterm=""
+                    mine.read_text().splitlines(),
+                    p.read_text().splitlines(),
+                    str(mine),
+                    "generated",
+                    lineterm="",
                 )
                 problems.append("\n".join(list(diff)[:40]))
     if problems:
