@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Set up RFT Mesh in ./.venv on a fresh machine: uv, the right torch build, the project with its dev
+# extras (pinned by requirements/constraints.txt), and redis-server from the OS packages when missing.
+#
+# torch: on a machine without an NVIDIA GPU the CPU build (torch==2.13.0) is installed FIRST, so no CUDA
+# packages are pulled. Set RFT_TORCH_INDEX to a PyTorch wheel index URL to choose the build yourself.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${RFT_VENV:-.venv}
+TORCH_VERSION=${RFT_TORCH_VERSION:-2.13.0}
+EXTRAS=${RFT_EXTRAS:-dev}
+
+if ! command -v uv >/dev/null 2>&1; then
+  echo "[setup] installing uv"
+  python3 -m pip install --quiet uv
+fi
+
+# uv ignores pip's config: reuse its find-links (a local folder of wheels, e.g. the CPU torch build).
+UV_ARGS=()
+FIND_LINKS=$(python3 -m pip config get global.find-links 2>/dev/null || true)
+[ -n "$FIND_LINKS" ] && UV_ARGS+=(--find-links "$FIND_LINKS")
+[ -n "${RFT_TORCH_INDEX:-}" ] && UV_ARGS+=(--extra-index-url "$RFT_TORCH_INDEX" --index-strategy unsafe-best-match)
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "[setup] creating $VENV"
+  uv venv --quiet --python python3 "$VENV"
+fi
+export VIRTUAL_ENV=$PWD/$VENV
+
+if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
+  echo "[setup] installing torch==$TORCH_VERSION"
+  uv pip install --quiet "${UV_ARGS[@]}" "torch==$TORCH_VERSION"
+fi
+echo "[setup] installing rft-mesh[$EXTRAS]"
+uv pip install --quiet "${UV_ARGS[@]}" -c requirements/constraints.txt -e ".[$EXTRAS]"
+
+if ! command -v redis-server >/dev/null 2>&1; then
+  echo "[setup] installing redis-server"
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1 && SUDO=sudo
+  if command -v apt-get >/dev/null 2>&1; then
+    $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server >/dev/null
+  else
+    echo "[setup] WARNING: no apt-get; install redis-server yourself (Redis-store tests need it)" >&2
+  fi
+fi
+echo "[setup] done: $("$VENV/bin/python" -c 'import torch, transformers, grpc; print("torch", torch.__version__, "| transformers", transformers.__version__, "| grpcio", grpc.__version__)')"
