@@ -7,7 +7,7 @@ bash scripts/setup.sh
 PY=${RFT_VENV:-.venv}/bin
 
 echo "== ruff"
-"$PY/ruff" check services tests bench scripts
+"$PY/ruff" check .
 echo "== proto drift check"
 "$PY/python" scripts/gen_protos.py --check
 echo "== import rule (a service never imports another service)"
