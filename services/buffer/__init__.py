@@ -1,1 +1,3 @@
-"""Buffer service: the stream of Experience batches from explorers to trainers, with leases and exactly-once delivery."""
+"""The buffer service: explorers stream experience batches in, trainers lease whole groups out and ack
+them after their optimizer step. Stores (`memory`, `redis`) sit behind one `Store` protocol; the core
+(`BufferCore`) does validation, waiting, capacity and metrics; the servicer adapts it to gRPC."""

@@ -1,0 +1,172 @@
+"""What the buffer stores and hands out, independent of the store: group records, leases, stats, errors.
+
+The buffer never decodes experiences into tensors. A `GroupRecord` holds one GRPO group (the experiences
+of one batch that share `eid.group_id`) as ready-to-send wire bytes: each member is encoded as field 2
+of `GetBatchResponse` (tag + length + serialized `Experience`), so a batch is served by concatenating
+payloads. Stores keep records opaque; the core only needs the group's size, versions and bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from rft.v1 import experience_pb2
+
+# Tag of `repeated Experience experiences = 2` in GetBatchResponse (field 2, wire type 2).
+EXPERIENCE_TAG = b"\x12"
+
+
+class BufferError(Exception):
+    """Base of the buffer's domain errors; the servicer maps each to a gRPC status."""
+
+
+class ValidationError(BufferError):
+    """A batch is malformed; `field` names the offending field, e.g. `experiences[3].logprobs`."""
+
+    def __init__(self, field_path: str, message: str):
+        super().__init__(f"{field_path}: {message}")
+        self.field = field_path
+
+
+class BufferFull(BufferError):
+    """Storing the batch would exceed `capacity` experiences."""
+
+
+class LeaseError(BufferError):
+    """Ack/Nack of a lease that is unknown, already acked, or expired (its batch was redelivered)."""
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def encode_member(exp: experience_pb2.Experience) -> bytes:
+    """One experience as a length-delimited field-2 entry of GetBatchResponse."""
+    data = exp.SerializeToString()
+    return EXPERIENCE_TAG + _varint(len(data)) + data
+
+
+@dataclass(frozen=True)
+class GroupRecord:
+    """One group of experiences, stored and handed out whole.
+
+    `versions` maps model_version -> number of members; the staleness filter uses `min_version`.
+    """
+
+    group_id: str
+    n: int
+    payload: bytes
+    versions: Mapping[int, int]
+
+    @property
+    def min_version(self) -> int:
+        return min(self.versions)
+
+    @property
+    def versions_text(self) -> str:
+        """Compact `ver:count,ver:count` form stored beside the payload (Redis keeps it as a field)."""
+        return ",".join(f"{v}:{c}" for v, c in sorted(self.versions.items()))
+
+    @staticmethod
+    def parse_versions(text: str) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for part in text.split(","):
+            if part:
+                v, c = part.split(":")
+                out[int(v)] = int(c)
+        return out
+
+
+def group_records(experiences: Sequence[experience_pb2.Experience]) -> list[GroupRecord]:
+    """Split a (validated) batch into groups by `eid.group_id`, in order of first appearance.
+
+    An experience with an empty group_id is a group of its own.
+    """
+    members: dict[str, list[experience_pb2.Experience]] = {}
+    singles = 0
+    for exp in experiences:
+        gid = exp.eid.group_id
+        if not gid:
+            gid = f"\x00single{singles}"
+            singles += 1
+        members.setdefault(gid, []).append(exp)
+    records = []
+    for exps in members.values():
+        versions: dict[int, int] = {}
+        for exp in exps:
+            versions[exp.model_version] = versions.get(exp.model_version, 0) + 1
+        records.append(
+            GroupRecord(
+                group_id=exps[0].eid.group_id,
+                n=len(exps),
+                payload=b"".join(encode_member(e) for e in exps),
+                versions=versions,
+            )
+        )
+    return records
+
+
+@dataclass(frozen=True)
+class LeaseRequest:
+    consumer_group: str
+    consumer: str
+    size: int
+    min_model_version: int
+    lease_ms: int
+    # At the end of the wait: lease whatever is there. Otherwise lease only a full batch.
+    allow_partial: bool
+
+
+@dataclass
+class LeaseOutcome:
+    """What a store answers to a lease attempt.
+
+    `committed` is False when no lease was made (not enough whole groups and `allow_partial` unset, or
+    nothing at all); `available` then tells how many experiences are ready.
+    """
+
+    committed: bool
+    lease_id: str = ""
+    payloads: list[bytes] = field(default_factory=list)
+    n: int = 0
+    deadline_ms: int = 0
+    dropped_stale: int = 0
+    redelivered: int = 0
+    available: int = 0
+
+
+@dataclass(frozen=True)
+class PutOutcome:
+    stored: int  # experiences stored (0 for a duplicate)
+    duplicate: bool = False
+
+
+@dataclass
+class StoreStats:
+    size: int = 0
+    capacity: int = 0
+    pending_leases: int = 0
+    pending_experiences: int = 0
+    accepted: int = 0
+    rejected: int = 0
+    dropped_stale: int = 0
+    redelivered: int = 0
+    acked: int = 0
+    per_model_version: dict[int, int] = field(default_factory=dict)
+    store: str = ""
+
+
+def add_versions(total: dict[int, int], versions: Iterable[tuple[int, int]], sign: int = 1) -> None:
+    for v, c in versions:
+        total[v] = total.get(v, 0) + sign * c
+        if total[v] == 0:
+            del total[v]

@@ -1,0 +1,291 @@
+"""Lua scripts of the Redis store. Each runs atomically inside Redis, so a buffer process killed at any
+point leaves every group in exactly one state: unread, leased, queued for redelivery, or acked.
+
+Layout (P = stream prefix, G = consumer group):
+  P:stream          the stream; one entry per group: g=group_id n=count v=min version vc="v:c,.." d=payload
+  P:meta            hash: size (live experiences), accepted, rejected
+  P:versions        hash: model_version -> live experiences
+  P:producers       hash: producer_id -> last stored sequence (idempotent puts)
+  P:g:G:leases      hash: lease_id -> "deadline\\nn\\nid n vc\\n..."
+  P:g:G:deadlines   zset: lease_id scored by deadline (ms, Redis clock)
+  P:g:G:requeue     list: "id n vc" of groups to redeliver (nacked, expired, or orphaned)
+  P:g:G:stats       hash: acked, dropped_stale, redelivered, pending_n
+Entries stay in the stream until every consumer group has acked or dropped them (then XDEL), so the
+approximate MAXLEN = capacity on XADD never trims a live entry: live entries <= live experiences <=
+capacity.
+"""
+
+from __future__ import annotations
+
+# KEYS of group scripts: stream, meta, versions, leases, deadlines, requeue, gstats. ARGV[1] = group.
+COMMON = r"""
+local stream, meta, versions = KEYS[1], KEYS[2], KEYS[3]
+local leases, deadlines, requeue, gstats = KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local group = ARGV[1]
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function parse_item(s)
+  local id, cnt, vc = string.match(s, '^(%S+) (%d+) (%S+)$')
+  return {id, tonumber(cnt), vc}
+end
+
+local function parse_lease(rec)
+  local lines = {}
+  for line in string.gmatch(rec, '[^\n]+') do lines[#lines + 1] = line end
+  local items = {}
+  for i = 3, #lines do items[#items + 1] = parse_item(lines[i]) end
+  return tonumber(lines[1]), tonumber(lines[2]), items
+end
+
+local function item_text(it) return it[1] .. ' ' .. it[2] .. ' ' .. it[3] end
+
+local function min_version(vc) return tonumber(string.match(vc, '^(-?%d+):')) end
+
+local function expire(now)
+  local due = redis.call('ZRANGEBYSCORE', deadlines, '-inf', now)
+  for _, lid in ipairs(due) do
+    local rec = redis.call('HGET', leases, lid)
+    if rec then
+      local _, n, items = parse_lease(rec)
+      for _, it in ipairs(items) do redis.call('RPUSH', requeue, item_text(it)) end
+      redis.call('HINCRBY', gstats, 'pending_n', -n)
+      redis.call('HDEL', leases, lid)
+    end
+    redis.call('ZREM', deadlines, lid)
+  end
+end
+
+local function id_lt(a, b)
+  local am, as = string.match(a, '^(%d+)-(%d+)$')
+  local bm, bs = string.match(b, '^(%d+)-(%d+)$')
+  am, as, bm, bs = tonumber(am), tonumber(as), tonumber(bm), tonumber(bs)
+  return am < bm or (am == bm and as < bs)
+end
+
+local function group_info()
+  local out = {}
+  local ok, groups = pcall(redis.call, 'XINFO', 'GROUPS', stream)
+  if not ok then return out end
+  for _, g in ipairs(groups) do
+    local info = {}
+    for i = 1, #g, 2 do info[g[i]] = g[i + 1] end
+    out[#out + 1] = {name = info['name'], last = info['last-delivered-id']}
+  end
+  return out
+end
+
+-- `group` has XACKed these items; delete each once no other consumer group still needs it.
+local function finish(items, ginfo)
+  for _, it in ipairs(items) do
+    local needed = false
+    for _, g in ipairs(ginfo) do
+      if g.name ~= group then
+        if id_lt(g.last, it[1]) or #redis.call('XPENDING', stream, g.name, it[1], it[1], 1) > 0 then
+          needed = true
+          break
+        end
+      end
+    end
+    if not needed then
+      redis.call('XDEL', stream, it[1])
+      redis.call('HINCRBY', meta, 'size', -it[2])
+      for v, c in string.gmatch(it[3], '(-?%d+):(%d+)') do
+        if redis.call('HINCRBY', versions, v, -tonumber(c)) <= 0 then redis.call('HDEL', versions, v) end
+      end
+    end
+  end
+end
+
+local function ack_items(items)
+  if #items == 0 then return end
+  local ids = {}
+  for i, it in ipairs(items) do ids[i] = it[1] end
+  redis.call('XACK', stream, group, unpack(ids))
+  finish(items, group_info())
+end
+"""
+
+# KEYS: stream, meta, versions, producers. ARGV: capacity, total, producer, sequence, then
+# (group_id, n, min_version, versions_text, payload) per group.
+PUT = r"""
+local stream, meta, versions, producers = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local cap, total = tonumber(ARGV[1]), tonumber(ARGV[2])
+local producer, seq = ARGV[3], tonumber(ARGV[4])
+if producer ~= '' and seq > 0 then
+  local last = tonumber(redis.call('HGET', producers, producer) or '0')
+  if last >= seq then return {0, 0} end
+end
+local size = tonumber(redis.call('HGET', meta, 'size') or '0')
+if size + total > cap then return {-1, size} end
+for i = 5, #ARGV, 5 do
+  redis.call('XADD', stream, 'MAXLEN', '~', cap, '*',
+    'g', ARGV[i], 'n', ARGV[i + 1], 'v', ARGV[i + 2], 'vc', ARGV[i + 3], 'd', ARGV[i + 4])
+  for v, c in string.gmatch(ARGV[i + 3], '(-?%d+):(%d+)') do redis.call('HINCRBY', versions, v, c) end
+end
+if producer ~= '' and seq > 0 then redis.call('HSET', producers, producer, seq) end
+redis.call('HINCRBY', meta, 'size', total)
+redis.call('HINCRBY', meta, 'accepted', total)
+return {1, size + total}
+"""
+
+# ARGV: group, consumer, lease_id, size, min_version, lease_ms, allow_partial (0/1).
+# Returns {1, deadline, n, dropped, redelivered, payload...} or {0, available, dropped}.
+LEASE = (
+    COMMON
+    + r"""
+local consumer, lease_id = ARGV[2], ARGV[3]
+local size, minv, lease_ms = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local allow_partial = ARGV[7] == '1'
+redis.pcall('XGROUP', 'CREATE', stream, group, '0', 'MKSTREAM')
+local now = now_ms()
+expire(now)
+local total, full = 0, false
+local take_rq, stale, rq_scanned = {}, {}, 0
+for i, s in ipairs(redis.call('LRANGE', requeue, 0, -1)) do
+  local it = parse_item(s)
+  if min_version(it[3]) < minv then
+    stale[#stale + 1] = it
+  else
+    if total > 0 and total + it[2] > size then full = true break end
+    take_rq[#take_rq + 1] = it
+    total = total + it[2]
+  end
+  rq_scanned = i
+  if total >= size then full = true break end
+end
+local new_count, ginfo = 0, group_info()
+if not full then
+  local last = '0-0'
+  for _, g in ipairs(ginfo) do if g.name == group then last = g.last end end
+  local cursor = '(' .. last
+  while not full do
+    local entries = redis.call('XRANGE', stream, cursor, '+', 'COUNT', 64)
+    if #entries == 0 then break end
+    for _, e in ipairs(entries) do
+      local f = e[2]
+      local cnt = tonumber(f[4])
+      cursor = '(' .. e[1]
+      if tonumber(f[6]) >= minv then
+        if total > 0 and total + cnt > size then full = true break end
+        total = total + cnt
+      end
+      new_count = new_count + 1
+      if total >= size then full = true break end
+    end
+  end
+end
+if total < size and not allow_partial then return {0, total, 0} end
+if rq_scanned > 0 then redis.call('LTRIM', requeue, rq_scanned, -1) end
+local payloads, items, redelivered = {}, {}, 0
+if #take_rq > 0 then
+  local ids = {}
+  for i, it in ipairs(take_rq) do ids[i] = it[1] end
+  local by_id = {}
+  for _, e in ipairs(redis.call('XCLAIM', stream, group, consumer, 0, unpack(ids))) do by_id[e[1]] = e[2][10] end
+  for _, it in ipairs(take_rq) do
+    payloads[#payloads + 1] = by_id[it[1]]
+    items[#items + 1] = it
+    redelivered = redelivered + it[2]
+  end
+end
+if new_count > 0 then
+  local res = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', new_count, 'STREAMS', stream, '>')
+  for _, e in ipairs(res[1][2]) do
+    local f = e[2]
+    local it = {e[1], tonumber(f[4]), f[8]}
+    if tonumber(f[6]) < minv then
+      stale[#stale + 1] = it
+    else
+      payloads[#payloads + 1] = f[10]
+      items[#items + 1] = it
+    end
+  end
+end
+local dropped = 0
+for _, it in ipairs(stale) do dropped = dropped + it[2] end
+if #stale > 0 then
+  ack_items(stale)
+  redis.call('HINCRBY', gstats, 'dropped_stale', dropped)
+end
+if #items == 0 then return {0, 0, dropped} end
+local deadline = now + lease_ms
+local lines = {deadline, total}
+for _, it in ipairs(items) do lines[#lines + 1] = item_text(it) end
+redis.call('HSET', leases, lease_id, table.concat(lines, '\n'))
+redis.call('ZADD', deadlines, deadline, lease_id)
+redis.call('HINCRBY', gstats, 'pending_n', total)
+if redelivered > 0 then redis.call('HINCRBY', gstats, 'redelivered', redelivered) end
+local out = {1, deadline, total, dropped, redelivered}
+for _, p in ipairs(payloads) do out[#out + 1] = p end
+return out
+"""
+)
+
+# ARGV: group, lease_id, mode ('ack' | 'nack'). Returns {1, n}, {-1} unknown, {-2} expired.
+SETTLE = (
+    COMMON
+    + r"""
+local lease_id, mode = ARGV[2], ARGV[3]
+local now = now_ms()
+local rec = redis.call('HGET', leases, lease_id)
+if not rec then return {-1} end
+local deadline, n, items = parse_lease(rec)
+if deadline <= now then
+  expire(now)
+  return {-2}
+end
+redis.call('HDEL', leases, lease_id)
+redis.call('ZREM', deadlines, lease_id)
+redis.call('HINCRBY', gstats, 'pending_n', -n)
+if mode == 'ack' then
+  ack_items(items)
+  redis.call('HINCRBY', gstats, 'acked', n)
+else
+  for i = #items, 1, -1 do redis.call('LPUSH', requeue, item_text(items[i])) end
+end
+return {1, n}
+"""
+)
+
+# ARGV: group. Expires due leases, then returns {meta, versions, gstats, lease count}.
+STATS = (
+    COMMON
+    + r"""
+expire(now_ms())
+return {redis.call('HGETALL', meta), redis.call('HGETALL', versions), redis.call('HGETALL', gstats),
+        redis.call('HLEN', leases)}
+"""
+)
+
+# ARGV: group. Recovery after a restart: expire due leases, then XAUTOCLAIM every pending entry of the
+# group and queue for redelivery those that belong to no lease and are not queued (a consumer that read
+# them died before leasing them). Returns the number of orphaned experiences queued.
+RECOVER = (
+    COMMON
+    + r"""
+expire(now_ms())
+local known = {}
+for _, rec in ipairs(redis.call('HVALS', leases)) do
+  local _, _, items = parse_lease(rec)
+  for _, it in ipairs(items) do known[it[1]] = true end
+end
+for _, s in ipairs(redis.call('LRANGE', requeue, 0, -1)) do known[parse_item(s)[1]] = true end
+local start, orphaned = '0-0', 0
+repeat
+  local res = redis.call('XAUTOCLAIM', stream, group, 'rft-recovery', 0, start, 'COUNT', 256)
+  start = res[1]
+  for _, e in ipairs(res[2]) do
+    if not known[e[1]] then
+      local f = e[2]
+      redis.call('RPUSH', requeue, e[1] .. ' ' .. f[4] .. ' ' .. f[8])
+      orphaned = orphaned + tonumber(f[4])
+    end
+  end
+until start == '0-0'
+return orphaned
+"""
+)

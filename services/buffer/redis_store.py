@@ -1,0 +1,174 @@
+"""Redis Streams store (production): one stream entry per group, a consumer group per trainer group,
+leases and redelivery kept in Redis by atomic Lua scripts (see `redis_scripts`).
+
+State lives entirely in Redis, so a restarted buffer service picks up where the old one stopped: leases
+still within their deadline can be acked, expired ones are redelivered, and `start()` runs a recovery
+sweep (XAUTOCLAIM) that queues any pending entry no lease owns. With AOF persistence (`appendonly yes`)
+this survives a Redis restart too. `redis://`, `rediss://` (TLS) and `unix://` URLs with an optional
+password are accepted, as redis-py parses them.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+import redis.asyncio as aioredis
+
+from services.buffer import redis_scripts
+from services.buffer.records import (
+    BufferFull,
+    GroupRecord,
+    LeaseError,
+    LeaseOutcome,
+    LeaseRequest,
+    PutOutcome,
+    StoreStats,
+)
+from services.buffer.store import STORES
+from services.common.log import get_logger
+
+log = get_logger("buffer.redis")
+
+
+def _int_map(flat: list[bytes]) -> dict[str, int]:
+    return {flat[i].decode(): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+
+class RedisStore:
+    """A `Store` on Redis Streams at `url`, keys under `prefix`."""
+
+    name = "redis"
+
+    def __init__(self, url: str, capacity: int, prefix: str = "rft", client: aioredis.Redis | None = None):
+        self.capacity = capacity
+        self.prefix = prefix
+        self._url = url
+        self._client = client
+        self._scripts: dict[str, object] = {}
+
+    @property
+    def client(self) -> aioredis.Redis:
+        if self._client is None:
+            self._client = aioredis.from_url(self._url, decode_responses=False)
+        return self._client
+
+    def _key(self, name: str) -> str:
+        return f"{self.prefix}:{name}"
+
+    def _group_keys(self, group: str) -> list[str]:
+        base = [self._key("stream"), self._key("meta"), self._key("versions")]
+        return base + [self._key(f"g:{group}:{part}") for part in ("leases", "deadlines", "requeue", "stats")]
+
+    async def _run(self, script: str, keys: list[str], args: list[object]) -> object:
+        handle = self._scripts.get(script)
+        if handle is None:
+            handle = self.client.register_script(getattr(redis_scripts, script))
+            self._scripts[script] = handle
+        return await handle(keys=keys, args=args)  # type: ignore[operator]
+
+    async def start(self) -> None:
+        await self.client.ping()
+        try:
+            groups = await self.client.xinfo_groups(self._key("stream"))
+        except aioredis.ResponseError:  # no stream yet
+            groups = []
+        for info in groups:
+            name = info["name"].decode() if isinstance(info["name"], bytes) else info["name"]
+            orphaned = await self._run("RECOVER", self._group_keys(name), [name])
+            if orphaned:
+                log.warning("recovered orphaned pending entries", consumer_group=name, experiences=orphaned)
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def put(
+        self, groups: Sequence[GroupRecord], *, producer: str = "", sequence: int = 0
+    ) -> PutOutcome:
+        total = sum(g.n for g in groups)
+        args: list[object] = [self.capacity, total, producer, sequence]
+        for g in groups:
+            args += [g.group_id, g.n, g.min_version, g.versions_text, g.payload]
+        keys = [self._key("stream"), self._key("meta"), self._key("versions"), self._key("producers")]
+        status, size = await self._run("PUT", keys, args)  # type: ignore[misc]
+        if status == -1:
+            raise BufferFull(
+                f"buffer full: {size} stored + {total} new > capacity {self.capacity} experiences"
+            )
+        if status == 0:
+            return PutOutcome(stored=0, duplicate=True)
+        return PutOutcome(stored=total)
+
+    async def lease(self, request: LeaseRequest) -> LeaseOutcome:
+
+        lease_id = uuid.uuid4().hex
+        args = [
+            request.consumer_group,
+            request.consumer or "trainer",
+            lease_id,
+            request.size,
+            request.min_model_version,
+            request.lease_ms,
+            1 if request.allow_partial else 0,
+        ]
+        res = await self._run("LEASE", self._group_keys(request.consumer_group), args)
+        if res[0] == 0:  # type: ignore[index]
+            return LeaseOutcome(committed=False, available=int(res[1]), dropped_stale=int(res[2]))  # type: ignore[index]
+        _, deadline, n, dropped, redelivered, *payloads = res  # type: ignore[misc]
+        return LeaseOutcome(
+            committed=True,
+            lease_id=lease_id,
+            payloads=payloads,
+            n=int(n),
+            deadline_ms=int(deadline),
+            dropped_stale=int(dropped),
+            redelivered=int(redelivered),
+        )
+
+    async def _settle(self, consumer_group: str, lease_id: str, mode: str) -> int:
+        res = await self._run("SETTLE", self._group_keys(consumer_group), [consumer_group, lease_id, mode])
+        if res[0] == -1:  # type: ignore[index]
+            raise LeaseError(
+                f"lease {lease_id!r} of consumer group {consumer_group!r} is unknown or already acked"
+            )
+        if res[0] == -2:  # type: ignore[index]
+            raise LeaseError(
+                f"lease {lease_id!r} of consumer group {consumer_group!r} expired; "
+                "its experiences were given back for redelivery"
+            )
+        return int(res[1])  # type: ignore[index]
+
+    async def ack(self, consumer_group: str, lease_id: str) -> int:
+        return await self._settle(consumer_group, lease_id, "ack")
+
+    async def nack(self, consumer_group: str, lease_id: str) -> int:
+        return await self._settle(consumer_group, lease_id, "nack")
+
+    async def count_rejected(self, n: int) -> None:
+        await self.client.hincrby(self._key("meta"), "rejected", n)
+
+    async def stats(self, consumer_group: str) -> StoreStats:
+        meta, versions, gstats, leases = await self._run(
+            "STATS", self._group_keys(consumer_group), [consumer_group]
+        )  # type: ignore[misc]
+        m, g = _int_map(meta), _int_map(gstats)
+        return StoreStats(
+            size=m.get("size", 0),
+            capacity=self.capacity,
+            pending_leases=int(leases),
+            pending_experiences=g.get("pending_n", 0),
+            accepted=m.get("accepted", 0),
+            rejected=m.get("rejected", 0),
+            dropped_stale=g.get("dropped_stale", 0),
+            redelivered=g.get("redelivered", 0),
+            acked=g.get("acked", 0),
+            per_model_version={int(k): v for k, v in _int_map(versions).items()},
+            store=self.name,
+        )
+
+
+@STORES.register("redis")
+def _redis_store(endpoint, buffer) -> RedisStore:  # noqa: ANN001 - config sections
+    return RedisStore(endpoint.redis_url, capacity=buffer.capacity, prefix=endpoint.stream_prefix)
