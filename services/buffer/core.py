@@ -1,0 +1,180 @@
+"""`BufferCore`: the buffer's logic on top of a `Store`, with no gRPC in sight.
+
+It validates batches before anything is stored, applies the `on_full` policy (refuse with `BufferFull`,
+or wait until trainers ack), and serves `get_batch` by asking the store for a full batch of whole groups
+until `timeout_ms` runs out, then for whatever is there (`partial`). Waiters wake on any change made in
+this process and poll the store every `poll_interval_s` for changes made elsewhere (another replica,
+lease expiry), so the wait is bounded by the deadline, never by a sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+from rft.v1 import experience_pb2
+
+from services.buffer.records import (
+    BufferFull,
+    LeaseOutcome,
+    LeaseRequest,
+    PutOutcome,
+    StoreStats,
+    ValidationError,
+    group_records,
+)
+from services.buffer.store import Store
+from services.buffer.validation import Limits, validate_batch
+
+DEFAULT_CONSUMER_GROUP = "default"
+
+
+@dataclass
+class Batch:
+    """A leased batch: payloads are GetBatchResponse field-2 wire bytes, one per group."""
+
+    lease_id: str
+    payloads: list[bytes]
+    n: int
+    partial: bool
+    deadline_ms: int
+    dropped_stale: int
+
+
+@dataclass
+class CoreSettings:
+    on_full: str = "reject"  # reject | wait
+    lease_ms: int = 600_000
+    max_read_timeout_s: float = 1800.0
+    poll_interval_s: float = 0.05
+    limits: Limits = field(default_factory=Limits)
+
+
+class BufferCore:
+    """Validation, capacity policy, batching waits and leases over one store."""
+
+    def __init__(self, store: Store, settings: CoreSettings | None = None):
+        self.store = store
+        self.settings = settings or CoreSettings()
+        self._changed = asyncio.Event()
+        self.consumer_groups: set[str] = {DEFAULT_CONSUMER_GROUP}
+
+    async def start(self) -> None:
+        await self.store.start()
+
+    async def close(self) -> None:
+        self._notify()
+        await self.store.close()
+
+    def _notify(self) -> None:
+        """Wake every waiter: set the current event and start a fresh one for the next wait."""
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def _wait_change(self, event: asyncio.Event, timeout_s: float) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(
+                event.wait(), timeout=max(0.0, min(timeout_s, self.settings.poll_interval_s))
+            )
+
+    async def put(
+        self, batch: experience_pb2.ExperienceBatch, *, sequence: int = 0, idempotent: bool = False
+    ) -> PutOutcome:
+        """Validate and store a batch whole; raise `ValidationError` or (on_full=reject) `BufferFull`."""
+        try:
+            validate_batch(batch, self.settings.limits)
+            if idempotent and not batch.producer_id:
+                raise ValidationError("batch.producer_id", "required for sequenced puts")
+            if idempotent and sequence <= 0:
+                raise ValidationError("sequence", f"{sequence} must be > 0")
+        except ValidationError:
+            await self.store.count_rejected(len(batch.experiences))
+            raise
+        records = group_records(batch.experiences)
+        total = sum(r.n for r in records)
+        if total > self.store.capacity:
+            await self.store.count_rejected(total)
+            raise BufferFull(f"batch of {total} experiences exceeds capacity {self.store.capacity}")
+        producer = batch.producer_id if idempotent else ""
+        while True:
+            event = self._changed
+            try:
+                outcome = await self.store.put(records, producer=producer, sequence=sequence)
+            except BufferFull:
+                if self.settings.on_full != "wait":
+                    raise
+                await self._wait_change(event, self.settings.poll_interval_s)
+                continue
+            if outcome.stored:
+                self._notify()
+            return outcome
+
+    async def get_batch(
+        self,
+        *,
+        size: int,
+        timeout_ms: int = 0,
+        consumer_group: str = "",
+        consumer: str = "",
+        min_model_version: int = 0,
+        lease_ms: int = 0,
+    ) -> Batch:
+        if size <= 0:
+            raise ValidationError("size", f"{size} must be > 0")
+        if timeout_ms < 0:
+            raise ValidationError("timeout_ms", f"{timeout_ms} must be >= 0")
+        if lease_ms < 0:
+            raise ValidationError("lease_ms", f"{lease_ms} must be >= 0 (0 = server default)")
+        group = consumer_group or DEFAULT_CONSUMER_GROUP
+        self.consumer_groups.add(group)
+        wait_s = min(timeout_ms / 1000.0, self.settings.max_read_timeout_s)
+        deadline = time.monotonic() + wait_s
+        dropped = 0
+        while True:
+            event = self._changed
+            remaining = deadline - time.monotonic()
+            request = LeaseRequest(
+                consumer_group=group,
+                consumer=consumer,
+                size=size,
+                min_model_version=min_model_version,
+                lease_ms=lease_ms or self.settings.lease_ms,
+                allow_partial=remaining <= 0,
+            )
+            outcome: LeaseOutcome = await self.store.lease(request)
+            dropped += outcome.dropped_stale
+            if outcome.committed:
+                if outcome.dropped_stale:
+                    self._notify()  # dropping freed room for waiting producers
+                return Batch(
+                    lease_id=outcome.lease_id,
+                    payloads=outcome.payloads,
+                    n=outcome.n,
+                    partial=outcome.n < size,
+                    deadline_ms=outcome.deadline_ms,
+                    dropped_stale=dropped,
+                )
+            if remaining <= 0:
+                return Batch(
+                    lease_id="", payloads=[], n=0, partial=True, deadline_ms=0, dropped_stale=dropped
+                )
+            await self._wait_change(event, remaining)
+
+    async def ack(self, lease_id: str, consumer_group: str = "") -> int:
+        if not lease_id:
+            raise ValidationError("lease_id", "empty")
+        n = await self.store.ack(consumer_group or DEFAULT_CONSUMER_GROUP, lease_id)
+        self._notify()
+        return n
+
+    async def nack(self, lease_id: str, consumer_group: str = "") -> int:
+        if not lease_id:
+            raise ValidationError("lease_id", "empty")
+        n = await self.store.nack(consumer_group or DEFAULT_CONSUMER_GROUP, lease_id)
+        self._notify()
+        return n
+
+    async def stats(self, consumer_group: str = "") -> StoreStats:
+        return await self.store.stats(consumer_group or DEFAULT_CONSUMER_GROUP)

@@ -1,0 +1,48 @@
+"""Assembles the buffer from the run config: picks the store by name (`services.buffer.store`), builds
+the core with the section's limits, registers the Prometheus collector, and returns what
+`service_main` serves."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+
+from prometheus_client import REGISTRY
+
+from services.buffer import memory_store, redis_store  # noqa: F401 - register the stores
+from services.buffer.core import BufferCore, CoreSettings
+from services.buffer.metrics import BufferCollector
+from services.buffer.servicer import registration
+from services.buffer.store import STORES
+from services.buffer.validation import Limits
+from services.common.config import RFTConfig
+from services.common.rpc.server import Registration
+
+
+def build_core(config: RFTConfig) -> BufferCore:
+    endpoint = config.services.buffer
+    buffer = config.buffer.trainer_input.experience_buffer
+    store = STORES.get(endpoint.store)(endpoint, buffer)
+    settings = CoreSettings(
+        on_full=endpoint.on_full,
+        lease_ms=endpoint.lease_ms,
+        max_read_timeout_s=buffer.max_read_timeout,
+        limits=Limits(
+            max_batch_experiences=endpoint.max_batch_experiences,
+            max_batch_bytes=endpoint.max_batch_bytes,
+        ),
+    )
+    return BufferCore(store, settings)
+
+
+async def build(config: RFTConfig) -> tuple[Sequence[Registration], Callable[[], Awaitable[None]] | None]:
+    core = build_core(config)
+    await core.start()
+    collector = BufferCollector(core, asyncio.get_running_loop())
+    REGISTRY.register(collector)
+
+    async def close() -> None:
+        REGISTRY.unregister(collector)
+        await core.close()
+
+    return [registration(core)], close
