@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -44,6 +44,10 @@ class _GroupState:
     redelivered: int = 0
 
 
+# How many acked leases are remembered so a retried Ack is answered with the same count.
+ACKED_MEMORY = 100_000
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -61,6 +65,7 @@ class MemoryStore:
         self._next_seq = 0
         self._groups: dict[str, _GroupState] = {}
         self._producers: dict[str, int] = {}
+        self._acked: OrderedDict[tuple[str, str], int] = OrderedDict()
         self._size = 0
         self._versions: dict[int, int] = {}
         self._accepted = 0
@@ -191,7 +196,13 @@ class MemoryStore:
         return state, lease
 
     async def ack(self, consumer_group: str, lease_id: str) -> int:
+        done = self._acked.get((consumer_group, lease_id))
+        if done is not None:  # a retried Ack whose reply was lost
+            return done
         state, lease = self._take_lease(consumer_group, lease_id)
+        self._acked[(consumer_group, lease_id)] = lease.n
+        while len(self._acked) > ACKED_MEMORY:
+            self._acked.popitem(last=False)
         for seq in lease.seqs:
             self._finish(consumer_group, seq)
         state.acked += lease.n

@@ -10,6 +10,7 @@ Layout (P = stream prefix, G = consumer group):
   P:g:G:deadlines   zset: lease_id scored by deadline (ms, Redis clock)
   P:g:G:requeue     list: "id n vc" of groups to redeliver (nacked, expired, or orphaned)
   P:g:G:stats       hash: acked, dropped_stale, redelivered, pending_n
+  P:g:G:acked:L     string with expiry: lease L was acked (n), so a retried Ack is answered again
 Entries stay in the stream until every consumer group has acked or dropped them (then XDEL), so the
 approximate MAXLEN = capacity on XADD never trims a live entry: live entries <= live experiences <=
 capacity.
@@ -225,14 +226,21 @@ return out
 """
 )
 
-# ARGV: group, lease_id, mode ('ack' | 'nack'). Returns {1, n}, {-1} unknown, {-2} expired.
+# KEYS: the group keys + P:g:G:acked:<lease_id>. ARGV: group, lease_id, mode ('ack' | 'nack'), memory_ms.
+# Returns {1, n}, {-1} unknown, {-2} expired. Acking an acked lease again answers {1, n} for
+# `memory_ms`, so a trainer may retry an Ack whose reply was lost.
 SETTLE = (
     COMMON
     + r"""
 local lease_id, mode = ARGV[2], ARGV[3]
+local acked_key = KEYS[8]
 local now = now_ms()
 local rec = redis.call('HGET', leases, lease_id)
-if not rec then return {-1} end
+if not rec then
+  local done = redis.call('GET', acked_key)
+  if done and mode == 'ack' then return {1, tonumber(done)} end
+  return {-1}
+end
 local deadline, n, items = parse_lease(rec)
 if deadline <= now then
   expire(now)
@@ -244,6 +252,7 @@ redis.call('HINCRBY', gstats, 'pending_n', -n)
 if mode == 'ack' then
   ack_items(items)
   redis.call('HINCRBY', gstats, 'acked', n)
+  redis.call('SET', acked_key, n, 'PX', tonumber(ARGV[4]))
 else
   for i = #items, 1, -1 do redis.call('LPUSH', requeue, item_text(items[i])) end
 end

@@ -30,6 +30,9 @@ from services.common.log import get_logger
 
 log = get_logger("buffer.redis")
 
+# How long an acked lease is remembered so a retried Ack is answered with the same count.
+ACKED_MEMORY_MS = 24 * 3600 * 1000
+
 
 def _int_map(flat: list[bytes]) -> dict[str, int]:
     return {flat[i].decode(): int(flat[i + 1]) for i in range(0, len(flat), 2)}
@@ -128,7 +131,8 @@ class RedisStore:
         )
 
     async def _settle(self, consumer_group: str, lease_id: str, mode: str) -> int:
-        res = await self._run("SETTLE", self._group_keys(consumer_group), [consumer_group, lease_id, mode])
+        keys = self._group_keys(consumer_group) + [self._key(f"g:{consumer_group}:acked:{lease_id}")]
+        res = await self._run("SETTLE", keys, [consumer_group, lease_id, mode, ACKED_MEMORY_MS])
         if res[0] == -1:  # type: ignore[index]
             raise LeaseError(
                 f"lease {lease_id!r} of consumer group {consumer_group!r} is unknown or already acked"
