@@ -49,13 +49,15 @@ def kl_k2(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
 
 @KL_FNS.register("low_var_kl", "k3")
 def kl_k3(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
-    """k3 = exp(x) − x − 1 with x = clamp(log π_ref − log π, ±20), result clamped to [−10, 10].
+    """k3 = exp(x) − x − 1 with x = clamp(log π_ref − log π, ±20), result clamped to [0, 10].
 
-    Non-negative, unbiased for KL(π‖π_ref) under samples of π, low variance.
+    Unbiased for KL(π‖π_ref) under samples of π, low variance, and never negative: it is computed
+    as expm1(x) − x, which avoids the cancellation that makes veRL's exp(x) − x − 1 slightly
+    negative near x = 0 (veRL clamps to [−10, 10]; the values agree to ~1e-7).
     Shapes ``(bs, response_length)``.
     """
     x = (ref_logprob - logprob).clamp(-20.0, 20.0)
-    return (torch.exp(x) - x - 1.0).clamp(-10.0, 10.0)
+    return (torch.expm1(x) - x).clamp(0.0, 10.0)
 
 
 @KL_FNS.register("none")

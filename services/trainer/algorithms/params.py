@@ -19,9 +19,9 @@ __all__ = ["FrozenParams", "unknown_key_error"]
 P = TypeVar("P", bound="FrozenParams")
 
 
-def unknown_key_error(owner: str, key: str, allowed: list[str]) -> ValueError:
+def unknown_key_error(owner: str, key: str, allowed: list[str], what: str = "key") -> ValueError:
     """A ``ValueError`` for ``key`` not in ``allowed``, with a close-match suggestion."""
-    message = f"{owner}: unknown key {key!r}; allowed keys: {', '.join(sorted(allowed)) or '(none)'}"
+    message = f"{owner}: unknown {what} {key!r}; allowed {what}s: {', '.join(sorted(allowed)) or '(none)'}"
     close = difflib.get_close_matches(key, allowed, n=1)
     if close:
         message += f"; did you mean {close[0]!r}?"

@@ -165,7 +165,7 @@ def resolve_preset(algorithm_type: str, overrides: Mapping[str, Any] | None = No
     raise ``ValueError``/``KeyError`` with a close match.
     """
     if algorithm_type not in PRESETS:
-        raise unknown_key_error("algorithm_type", algorithm_type, sorted(PRESETS))
+        raise unknown_key_error("algorithm", algorithm_type, sorted(PRESETS), what="algorithm_type")
     values: dict[str, Any] = {"algorithm_type": algorithm_type, **PRESETS[algorithm_type]}
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
     allowed = [f.name for f in dataclasses.fields(AlgorithmPreset) if f.name != "algorithm_type"]
