@@ -75,7 +75,9 @@ class AlgorithmPreset:
         if self.advantage_fn is not None:
             get_advantage_fn(self.advantage_fn)
             check_advantage_args(self.advantage_fn, self.advantage_fn_args)
-        get_policy_loss_fn(self.policy_loss_fn).config_cls.from_dict(self.policy_loss_fn_args)
+        config_cls = getattr(get_policy_loss_fn(self.policy_loss_fn), "config_cls", None)
+        if config_cls is not None:  # a plug-in without a params class gets its args unchecked
+            config_cls.from_dict(self.policy_loss_fn_args)
         for name, args in (
             (self.kl_penalty_fn, self.kl_penalty_fn_args),
             (self.kl_loss_fn, self.kl_loss_fn_args),

@@ -162,3 +162,17 @@ def test_unknown_algorithm_type_suggests():
         resolve_preset("rlooo")
     with pytest.raises(AttributeError):
         AlgorithmPreset(algorithm_type="x").repeat_times = 3  # type: ignore[misc]
+
+
+def test_plugin_functions_by_dotted_path():
+    p = resolve_preset(
+        "grpo",
+        {
+            "advantage_fn": "services.trainer.algorithms:compute_rloo_outcome_advantage",
+            "policy_loss_fn": "services.trainer.algorithms:compute_policy_loss_gpg",
+        },
+    )
+    assert get_advantage_fn(p.advantage_fn) is get_advantage_fn("rloo")
+    assert get_policy_loss_fn(p.policy_loss_fn) is get_policy_loss_fn("gpg")
+    with pytest.raises(ImportError, match="no_such_pkg"):
+        resolve_preset("grpo", {"policy_loss_fn": "no_such_pkg.mod:loss"})
