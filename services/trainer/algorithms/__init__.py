@@ -7,6 +7,16 @@ Everything here is torch + stdlib (+ math-verify for the math scorer); no servic
 Formulas, defaults and papers: ``docs/algorithms.md``.
 """
 
+from services.common.registry import Registry, UnknownNameError
+from services.common.rewards import (
+    countdown_score,
+    default_compute_score,
+    format_score,
+    gsm8k_score,
+    math_score,
+    scorer_for_data_source,
+)
+
 from .advantages_dispatch import compute_advantage
 from .advantages_group import (
     compute_grpo_outcome_advantage,
@@ -57,21 +67,12 @@ from .registries import (
     get_reward_manager_cls,
     get_scorer,
 )
-from .registry import Registry, UnknownNameError
 from .reward_managers import (
     DAPORewardManager,
     NaiveRewardManager,
     OverlongBufferConfig,
     RewardResult,
     make_compute_score,
-)
-from .reward_scorers import (
-    countdown_score,
-    default_compute_score,
-    format_score,
-    gsm8k_score,
-    math_score,
-    scorer_for_data_source,
 )
 from .value_loss import compute_value_loss
 

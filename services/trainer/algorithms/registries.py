@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .registry import Registry
+from services.common.registry import Registry
+from services.common.rewards import REWARD_SCORERS, get_scorer
 
 __all__ = [
     "ADVANTAGE_FNS",
@@ -27,7 +28,6 @@ __all__ = [
 ADVANTAGE_FNS: Registry[Callable[..., Any]] = Registry("advantage estimator")
 POLICY_LOSS_FNS: Registry[Callable[..., Any]] = Registry("policy loss")
 KL_FNS: Registry[Callable[..., Any]] = Registry("KL estimator")
-REWARD_SCORERS: Registry[Callable[..., Any]] = Registry("reward scorer")
 REWARD_MANAGERS: Registry[type] = Registry("reward manager")
 
 
@@ -45,11 +45,6 @@ def get_policy_loss_fn(name: str) -> Callable[..., Any]:
 def get_kl_fn(name: str) -> Callable[..., Any]:
     """Per-token KL estimator ``(logprob, ref_logprob) -> (bs, response_length)`` by name."""
     return KL_FNS.get(name)
-
-
-def get_scorer(name: str) -> Callable[..., Any]:
-    """Reward scorer ``(solution_str, ground_truth, extra_info=None, **options)`` by name."""
-    return REWARD_SCORERS.get(name)
 
 
 def get_reward_manager_cls(name: str) -> type:

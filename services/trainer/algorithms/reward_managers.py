@@ -17,10 +17,11 @@ from typing import Any, Protocol
 
 import torch
 
+from services.common.rewards import default_compute_score
+
 from .batch import TrainBatch
 from .params import FrozenParams
 from .registries import REWARD_MANAGERS, get_scorer
-from .reward_scorers import default_compute_score
 
 __all__ = [
     "DAPORewardManager",

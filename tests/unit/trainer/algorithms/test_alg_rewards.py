@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from services.common.rewards import _math_verify_equal, extract_boxed, gsm8k_extract
 from services.trainer.algorithms import (
     DAPORewardManager,
     NaiveRewardManager,
@@ -16,7 +17,6 @@ from services.trainer.algorithms import (
     math_score,
     scorer_for_data_source,
 )
-from services.trainer.algorithms.reward_scorers import _math_verify_equal, extract_boxed, gsm8k_extract
 
 
 def test_gsm8k_strict_and_flexible():

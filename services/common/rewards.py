@@ -1,4 +1,5 @@
-"""Rule-based reward scorers: gsm8k, math, format, countdown, and dispatch by ``data_source``.
+"""Rule-based reward scorers, shared by the explorer (workflows score rollouts) and the trainer
+(reward managers): gsm8k, math, format, countdown, and dispatch by ``data_source``.
 
 A scorer is ``fn(solution_str, ground_truth, extra_info=None, **options) -> float | dict`` (a dict
 must hold ``"score"``; its other keys become per-sample extra info).  Scorers are registered by
@@ -17,10 +18,12 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .registries import REWARD_SCORERS, get_scorer
+from services.common.registry import Registry
 
 __all__ = [
     "DATA_SOURCE_SCORERS",
+    "REWARD_SCORERS",
+    "get_scorer",
     "countdown_score",
     "default_compute_score",
     "extract_boxed",
@@ -30,6 +33,14 @@ __all__ = [
     "math_score",
     "scorer_for_data_source",
 ]
+
+REWARD_SCORERS: Registry[Callable[..., Any]] = Registry("reward scorer")
+
+
+def get_scorer(name: str) -> Callable[..., Any]:
+    """Reward scorer ``(solution_str, ground_truth, extra_info=None, **options)`` by name or plug-in path."""
+    return REWARD_SCORERS.get(name)
+
 
 # ---------------------------------------------------------------- gsm8k
 _STRICT = re.compile(r"#### ?(\-?[0-9\.\,]+)")
