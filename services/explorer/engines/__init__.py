@@ -1,0 +1,51 @@
+"""Rollout engines by name (`explorer.rollout_model.engine_type`): `hf` (transformers; CPU or CUDA) and
+`vllm` (AsyncLLM; GPU, optional extra). A plug-in is a dotted path to a factory with the same
+signature: `factory(model_config, model_path, *, index, device) -> RolloutEngine`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from services.common.config import InferenceModelConfig
+from services.common.registry import Registry
+from services.explorer.engines.base import GenerationOutput, RolloutEngine, SamplingParams
+
+EngineFactory = Callable[..., RolloutEngine]
+ENGINES: Registry[EngineFactory] = Registry("rollout engine")
+
+
+@ENGINES.register("hf")
+def _hf_engine(
+    cfg: InferenceModelConfig, model_path: str, *, index: int = 0, device: str | None = None
+) -> Any:
+    from services.explorer.engines.hf import HFEngine
+
+    return HFEngine.from_pretrained(
+        model_path,
+        device=device,
+        dtype=cfg.dtype,
+        micro_batch_size=cfg.micro_batch_size,
+        seed=cfg.seed + index,
+        name=f"hf-{index}",
+    )
+
+
+@ENGINES.register("vllm")
+def _vllm_engine(
+    cfg: InferenceModelConfig, model_path: str, *, index: int = 0, device: str | None = None
+) -> Any:
+    from services.explorer.engines.vllm import VLLMEngine
+
+    return VLLMEngine.from_config(cfg, model_path, index=index)
+
+
+def build_engines(
+    cfg: InferenceModelConfig, model_path: str, device: str | None = None
+) -> list[RolloutEngine]:
+    """`engine_num` engines of `engine_type` (each seeded `seed + index`)."""
+    factory = ENGINES.get(cfg.engine_type)
+    return [factory(cfg, model_path, index=i, device=device) for i in range(cfg.engine_num)]
+
+
+__all__ = ["ENGINES", "GenerationOutput", "RolloutEngine", "SamplingParams", "build_engines"]

@@ -1,0 +1,181 @@
+"""The `hf` rollout engine: a transformers model behind the async `RolloutEngine` contract.
+
+Workflows call `generate` concurrently; calls that arrive while a batch is running wait together and
+run as the next batch, so many small requests become one batched sampling loop (`hf_generate.py`).
+Generation runs in a worker thread (torch releases the GIL), so the event loop keeps serving gRPC.
+A lock orders generation and weight loads: a batch sees one set of weights, and its outputs carry
+that `model_version`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+from services.common.modeling import load_model, load_tokenizer, resolve_dtype
+from services.explorer.engines.base import GenerationOutput, SamplingParams, per_prompt_params
+from services.explorer.engines.hf_generate import HFGenerator, Row
+from services.explorer.engines.weights import copy_named_tensors
+
+
+class HFEngine:
+    """A transformers causal LM as a rollout engine (CPU or CUDA)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        *,
+        name: str = "hf",
+        micro_batch_size: int = 64,
+        seed: int = 42,
+        model_version: int = 0,
+    ):
+        self.name = name
+        self.model = model.eval()
+        self._tokenizer = tokenizer
+        eos = getattr(model.generation_config, "eos_token_id", None) or tokenizer.eos_token_id
+        eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos_ids or [0])[0]
+        self._generator = HFGenerator(
+            model,
+            tokenizer,
+            micro_batch_size=micro_batch_size,
+            seed=seed,
+            eos_token_ids=eos_ids,
+            pad_token_id=pad,
+        )
+        self._version = model_version
+        self._lock = threading.Lock()
+        self._pending: list[tuple[list[Row], asyncio.Future[list[GenerationOutput]]]] = []
+        self._draining = False
+        self._stats = {"generated_tokens": 0.0, "generate_seconds": 0.0, "requests": 0.0, "batches": 0.0}
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model_path: str,
+        *,
+        device: str | None = None,
+        dtype: str = "auto",
+        micro_batch_size: int = 64,
+        seed: int = 42,
+        name: str = "hf",
+    ) -> HFEngine:
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        model = load_model(model_path, dtype=resolve_dtype(dtype, device), device=device)
+        return cls(model, load_tokenizer(model_path), name=name, micro_batch_size=micro_batch_size, seed=seed)
+
+    @property
+    def model_version(self) -> int:
+        return self._version
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.config.vocab_size)
+
+    def stats(self) -> dict[str, float]:
+        return dict(self._stats)
+
+    def reseed(self, seed: int) -> None:
+        with self._lock:
+            self._generator.reseed(seed)
+
+    def generate_sync(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
+    ) -> list[list[GenerationOutput]]:
+        """Blocking form of `generate` (benchmarks, scripts)."""
+        rows, counts = _expand(prompts, per_prompt_params(prompts, params))
+        return _regroup(self._run(rows), counts)
+
+    async def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
+    ) -> list[list[GenerationOutput]]:
+        rows, counts = _expand(prompts, per_prompt_params(prompts, params))
+        if not rows:
+            return []
+        future: asyncio.Future[list[GenerationOutput]] = asyncio.get_running_loop().create_future()
+        self._pending.append((rows, future))
+        if not self._draining:
+            self._draining = True
+            asyncio.get_running_loop().create_task(self._drain())
+        return _regroup(await future, counts)
+
+    async def _drain(self) -> None:
+        """Run everything queued as one batch, repeatedly, until nothing is queued."""
+        try:
+            while self._pending:
+                await asyncio.sleep(0)  # ok-sleep: one loop turn lets concurrent callers join the batch
+                batch, self._pending = self._pending, []
+                batch = [(rows, fut) for rows, fut in batch if not fut.cancelled()]
+                if not batch:
+                    continue
+                flat = [row for rows, _ in batch for row in rows]
+                try:
+                    outputs = await asyncio.to_thread(self._run, flat)
+                except Exception as exc:  # every waiter sees the failure; the engine keeps serving
+                    for _, fut in batch:
+                        if not fut.done():
+                            fut.set_exception(exc)
+                    continue
+                start = 0
+                for rows, fut in batch:
+                    if not fut.done():
+                        fut.set_result(outputs[start : start + len(rows)])
+                    start += len(rows)
+        finally:
+            self._draining = False
+
+    def _run(self, rows: list[Row]) -> list[GenerationOutput]:
+        with self._lock:
+            version = self._version
+            t0 = time.perf_counter()
+            outputs = self._generator.generate(rows)
+            elapsed = time.perf_counter() - t0
+        for out in outputs:
+            out.model_version = version
+        self._stats["generated_tokens"] += sum(len(o.token_ids) for o in outputs)
+        self._stats["generate_seconds"] += elapsed
+        self._stats["requests"] += len(rows)
+        self._stats["batches"] += 1
+        return outputs
+
+    async def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        await asyncio.to_thread(self.load_weights_sync, named_tensors, version)
+
+    def load_weights_sync(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        with self._lock:
+            copy_named_tensors(self.model, named_tensors)
+            self._version = int(version)
+
+    async def close(self) -> None:
+        self._pending.clear()
+
+
+def _expand(
+    prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams]
+) -> tuple[list[Row], list[int]]:
+    rows: list[Row] = []
+    counts = []
+    for prompt, p in zip(prompts, params, strict=True):
+        ids = [int(t) for t in prompt]
+        rows.extend(Row(ids, p) for _ in range(p.n))
+        counts.append(p.n)
+    return rows, counts
+
+
+def _regroup(outputs: list[GenerationOutput], counts: list[int]) -> list[list[GenerationOutput]]:
+    grouped, start = [], 0
+    for n in counts:
+        grouped.append(outputs[start : start + n])
+        start += n
+    return grouped

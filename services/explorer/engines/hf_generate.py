@@ -1,0 +1,204 @@
+"""The `hf` engine's sampling loop: batched, left-padded, KV-cached, written over `model(...)`.
+
+Why our own loop instead of `model.generate`: the log-probs must be exactly those of the sampling
+distribution (see `sampling.py`), every row may carry its own sampling arguments, and rows that finish
+(EOS, a stop token or string, their own `max_tokens`) leave the batch at once, so later steps run on
+the rows still going. Prompts are sorted by length before they are cut into micro-batches
+(`micro_batch_size` rows per forward pass, bounding memory), which keeps left padding small.
+Per step the work is tensor ops; Python touches single rows only to check stop strings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from services.explorer.engines.base import GenerationOutput, SamplingParams
+from services.explorer.engines.sampling import RowParams, sample
+
+
+@dataclass
+class Row:
+    """One sample to generate: prompt token ids and its sampling arguments."""
+
+    prompt: list[int]
+    params: SamplingParams
+
+
+class HFGenerator:
+    """Synchronous generation with a transformers causal LM. Not thread-safe: one call at a time."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: object,
+        *,
+        micro_batch_size: int = 64,
+        seed: int = 42,
+        eos_token_ids: Sequence[int] = (),
+        pad_token_id: int = 0,
+    ):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.micro_batch_size = micro_batch_size
+        self.device = next(model.parameters()).device
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.pad_token_id = pad_token_id
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(seed)
+
+    def reseed(self, seed: int) -> None:
+        self.generator.manual_seed(seed)
+
+    @torch.inference_mode()
+    def generate(self, rows: Sequence[Row]) -> list[GenerationOutput]:
+        """Outputs in the order of `rows`."""
+        order = sorted(range(len(rows)), key=lambda i: len(rows[i].prompt))
+        out: list[GenerationOutput | None] = [None] * len(rows)
+        for start in range(0, len(order), self.micro_batch_size):
+            chunk = order[start : start + self.micro_batch_size]
+            for i, result in zip(chunk, self._micro_batch([rows[i] for i in chunk]), strict=True):
+                out[i] = result
+        return out  # type: ignore[return-value]
+
+    def _micro_batch(self, rows: Sequence[Row]) -> list[GenerationOutput]:
+        device, batch = self.device, len(rows)
+        width = max(len(r.prompt) for r in rows)
+        ids = torch.full((batch, width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((batch, width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            if r.prompt:
+                ids[i, width - len(r.prompt) :] = torch.tensor(r.prompt, dtype=torch.long)
+                mask[i, width - len(r.prompt) :] = 1
+        ids, mask = ids.to(device), mask.to(device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+
+        params = [r.params for r in rows]
+        row_params = RowParams.build(params, device)
+        max_new = max(p.max_tokens for p in params)
+        limit = torch.tensor([p.max_tokens for p in params], device=device)
+        min_len = torch.tensor([p.min_tokens for p in params], device=device)
+        max_min_len = max(p.min_tokens for p in params)
+        stop_ids = self._stop_id_table(params, device)
+        stop_strings = {i: p.stop for i, p in enumerate(params) if p.stop}
+
+        tokens = torch.full((batch, max_new), self.pad_token_id, dtype=torch.long, device=device)
+        logprobs = torch.zeros((batch, max_new), dtype=torch.float32, device=device)
+        lengths = torch.zeros(batch, dtype=torch.long, device=device)
+        reason_stop = torch.zeros(batch, dtype=torch.bool, device=device)
+        stop_cut: dict[int, int] = {}  # row -> text length before its stop string
+
+        active = torch.arange(batch, device=device)  # original row of each batch position
+        cache = DynamicCache()
+        step_ids, step_pos = ids, positions
+        for t in range(max_new):
+            logits = self.model(
+                input_ids=step_ids,
+                attention_mask=mask,
+                position_ids=step_pos,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            ).logits[:, -1, :]
+            if stop_ids is not None and t < max_min_len:
+                # no stop before min_tokens (vLLM): stop ids of rows still short get no mass
+                ids_now = stop_ids[active]
+                vocab = logits.shape[-1]
+                short = (t < min_len[active]).unsqueeze(-1).expand_as(ids_now)
+                blocked = torch.zeros((logits.shape[0], vocab + 1), dtype=torch.bool, device=device)
+                blocked.scatter_(-1, torch.where(ids_now >= 0, ids_now, vocab), short)  # -1 -> spare column
+                logits = logits.masked_fill(blocked[:, :vocab], float("-inf"))
+            tok, lp = sample(logits, row_params, self.generator)
+            tokens[active, t] = tok
+            logprobs[active, t] = lp
+            lengths[active] = t + 1
+            done = lengths[active] >= limit[active]
+            if stop_ids is not None:
+                hit = (stop_ids[active] == tok.unsqueeze(-1)).any(-1) & (t + 1 >= min_len[active])
+                reason_stop[active] |= hit
+                done |= hit
+            if stop_strings:
+                done |= self._check_stop_strings(tokens, active, t, stop_strings, stop_cut, reason_stop)
+            if bool(done.all()):
+                break
+            step_pos = step_pos[:, -1:] + 1
+            if bool(done.any()):
+                keep = (~done).nonzero().squeeze(-1)
+                active, mask, step_pos, tok = active[keep], mask[keep], step_pos[keep], tok[keep]
+                row_params = row_params.select(keep)
+                cache.batch_select_indices(keep)
+            mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)
+            step_ids = tok.unsqueeze(-1)
+        return self._outputs(rows, tokens, logprobs, lengths, reason_stop, stop_cut)
+
+    def _stop_id_table(self, params: Sequence[SamplingParams], device: torch.device) -> torch.Tensor | None:
+        """(B, S) ids that end each row (EOS unless ignore_eos, plus stop_token_ids), -1 padded."""
+        per_row = [
+            list(p.stop_token_ids) + ([] if p.ignore_eos else list(self.eos_token_ids)) for p in params
+        ]
+        width = max(len(r) for r in per_row)
+        if width == 0:
+            return None
+        table = torch.full((len(params), width), -1, dtype=torch.long)
+        for i, r in enumerate(per_row):
+            table[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        return table.to(device)
+
+    def _check_stop_strings(
+        self,
+        tokens: torch.Tensor,
+        active: torch.Tensor,
+        t: int,
+        stops: dict[int, tuple[str, ...]],
+        stop_cut: dict[int, int],
+        reason_stop: torch.Tensor,
+    ) -> torch.Tensor:
+        """Decode only rows that have stop strings; mark those whose text now contains one."""
+        done = torch.zeros(len(active), dtype=torch.bool, device=active.device)
+        active_list = active.tolist()
+        for pos, row in enumerate(active_list):
+            if row not in stops or row in stop_cut:
+                continue
+            text = self.tokenizer.decode(tokens[row, : t + 1].tolist(), skip_special_tokens=True)
+            cuts = [text.find(s) for s in stops[row] if s and s in text]
+            if cuts:
+                stop_cut[row] = min(cuts)
+                reason_stop[row] = True
+                done[pos] = True
+        return done
+
+    def _outputs(
+        self,
+        rows: Sequence[Row],
+        tokens: torch.Tensor,
+        logprobs: torch.Tensor,
+        lengths: torch.Tensor,
+        reason_stop: torch.Tensor,
+        stop_cut: dict[int, int],
+    ) -> list[GenerationOutput]:
+        tokens_l, lengths_l, stop_l = (
+            tokens.cpu().tolist(),
+            lengths.cpu().tolist(),
+            reason_stop.cpu().tolist(),
+        )
+        logprobs = logprobs.cpu()
+        outs = []
+        for i, r in enumerate(rows):
+            n = lengths_l[i]
+            ids = tokens_l[i][:n]
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            if i in stop_cut:
+                text = text[: stop_cut[i]]
+            outs.append(
+                GenerationOutput(
+                    prompt_token_ids=list(r.prompt),
+                    token_ids=ids,
+                    logprobs=logprobs[i, :n].clone(),
+                    finish_reason="stop" if stop_l[i] else "length",
+                    text=text,
+                )
+            )
+        return outs

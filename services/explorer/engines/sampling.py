@@ -1,0 +1,104 @@
+"""Vectorised per-row sampling: temperature, top-k, top-p, then a draw and its log-probability.
+
+Every row of a batch may have its own arguments; they travel as tensors so a step costs a few tensor
+ops whatever the batch holds. The returned log-probs are those of the distribution actually sampled
+from (vLLM `processed_logprobs`): log_softmax(filter(logits / T)). Greedy rows (T = 0) take the argmax
+and report its log-prob under log_softmax(filter(logits)).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from services.explorer.engines.base import SamplingParams
+
+
+@dataclass
+class RowParams:
+    """Sampling arguments of B rows as tensors on the model's device. Shapes: (B,)."""
+
+    temperature: torch.Tensor  # float32; 0 = greedy
+    top_k: torch.Tensor  # int64; <= 0 = off
+    top_p: torch.Tensor  # float32; 1 = off
+    any_greedy: bool
+    all_greedy: bool
+    any_top_k: bool
+    any_top_p: bool
+
+    @classmethod
+    def build(cls, params: Sequence[SamplingParams], device: torch.device | str) -> RowParams:
+        temp = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device)
+        top_k = torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device)
+        top_p = torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device)
+        greedy = [p.temperature == 0 for p in params]
+        return cls(
+            temperature=temp,
+            top_k=top_k,
+            top_p=top_p,
+            any_greedy=any(greedy),
+            all_greedy=all(greedy),
+            any_top_k=any(p.top_k > 0 for p in params),
+            any_top_p=any(p.top_p < 1 for p in params),
+        )
+
+    def select(self, keep: torch.Tensor) -> RowParams:
+        """The rows at `keep` (a LongTensor of row indices)."""
+        temp = self.temperature[keep]
+        return RowParams(
+            temperature=temp,
+            top_k=self.top_k[keep],
+            top_p=self.top_p[keep],
+            any_greedy=self.any_greedy,
+            all_greedy=self.all_greedy,
+            any_top_k=self.any_top_k,
+            any_top_p=self.any_top_p,
+        )
+
+
+def filtered_logprobs(logits: torch.Tensor, rows: RowParams) -> torch.Tensor:
+    """log-probs (B, V) of the sampling distribution of each row (filtered entries are -inf)."""
+    logits = logits.float()
+    if not rows.all_greedy:
+        temp = rows.temperature
+        if rows.any_greedy:
+            temp = torch.where(temp > 0, temp, torch.ones_like(temp))
+        logits = logits / temp.unsqueeze(-1)
+    if rows.any_top_k or rows.any_top_p:
+        logits = _top_k_top_p(logits, rows)
+    return torch.log_softmax(logits, dim=-1)
+
+
+def _top_k_top_p(logits: torch.Tensor, rows: RowParams) -> torch.Tensor:
+    """Mask logits outside each row's top-k, then outside its top-p nucleus (vLLM order)."""
+    vocab = logits.shape[-1]
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    if rows.any_top_k:
+        k = torch.where(rows.top_k > 0, rows.top_k.clamp(max=vocab), torch.full_like(rows.top_k, vocab))
+        ranks = torch.arange(vocab, device=logits.device).unsqueeze(0)
+        sorted_logits = sorted_logits.masked_fill(ranks >= k.unsqueeze(-1), float("-inf"))
+    if rows.any_top_p:
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # mass strictly before each token; the first token is always kept
+        before = torch.cumsum(probs, dim=-1) - probs
+        sorted_logits = sorted_logits.masked_fill(before >= rows.top_p.unsqueeze(-1), float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+
+
+def sample(
+    logits: torch.Tensor, rows: RowParams, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row. Returns (tokens (B,) int64, their log-probs (B,) float32)."""
+    logprobs = filtered_logprobs(logits, rows)
+    if rows.all_greedy:
+        tokens = logprobs.argmax(dim=-1)
+    else:
+        # Exponential-race sampling (argmax p / E, E ~ Exp(1)) draws from p exactly, as vLLM does,
+        # and avoids multinomial's extra normalisation pass.
+        noise = torch.empty_like(logprobs).exponential_(generator=generator)
+        tokens = (logprobs.exp() / noise).argmax(dim=-1)
+        if rows.any_greedy:
+            tokens = torch.where(rows.temperature > 0, tokens, logprobs.argmax(dim=-1))
+    return tokens, logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
