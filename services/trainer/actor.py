@@ -1,0 +1,209 @@
+"""The policy: log-prob recomputation and `update_policy` (veRL `DataParallelPPOActor`).
+
+Log-probs and entropy are computed on logits divided by the rollout temperature, so they are those
+of the distribution that sampled the responses.  `update_policy` loops `ppo_epochs` x mini-batches
+(one optimizer step each) x micro-batches (fixed rows or a token budget).
+
+Loss scaling under gradient accumulation.  A policy loss aggregates over the micro-batch it sees
+(`agg_loss`).  To make the accumulated gradient equal to the gradient of the loss over the whole
+global mini-batch, each micro-batch loss is scaled by
+
+    scale = n_local / n_global x world_size
+
+where n is the mode's normaliser (masked tokens for `token-mean`, non-empty sequences for the
+`seq-mean-*` modes, the padded response length for `seq-mean-token-sum-norm`, which is the same for
+every micro-batch) and world_size undoes FSDP's gradient averaging across ranks.  So 4 micro-batches,
+dynamic batches and 2 ranks all give the one-big-batch gradient (tested).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from services.trainer.algorithms import (
+    agg_loss,
+    compute_entropy_from_logits,
+    compute_kl_loss,
+    get_policy_loss_fn,
+    logprobs_from_logits,
+)
+from services.trainer.collate import StepBatch, pack
+from services.trainer.distributed import DistInfo
+from services.trainer.fsdp import clip_grad_norm
+from services.trainer.rowwise import MicroBatching, local_micro_batches, map_rows
+from services.trainer.settings import TrainerSettings
+
+__all__ = ["Actor", "agg_normaliser", "policy_forward"]
+
+
+def policy_forward(
+    module: nn.Module, micro: StepBatch, temperature: float, device: torch.device, entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and entropy) of the response tokens of `micro`, ``(rows, response_length)``."""
+    packed = pack(micro).to(device)
+    out = module(
+        input_ids=packed.input_ids,
+        position_ids=packed.position_ids,
+        logits_to_keep=packed.logit_positions,
+        use_cache=False,
+    )
+    logits = out.logits[0].float() / temperature  # (N, vocab)
+    log_probs = packed.unpack(logprobs_from_logits(logits, packed.labels.to(device)))
+    ent = packed.unpack(compute_entropy_from_logits(logits)) if entropy else None
+    return log_probs, ent
+
+
+def agg_normaliser(mask: torch.Tensor, loss_agg_mode: str) -> float:
+    """The denominator `agg_loss` uses for this mask (see the module docstring)."""
+    if loss_agg_mode == "token-mean":
+        return float(mask.sum())
+    if loss_agg_mode == "seq-mean-token-sum-norm":
+        return 1.0
+    return float((mask.sum(dim=-1) > 0).sum())
+
+
+class Actor:
+    """Policy model + optimizer; every method is collective over the data-parallel ranks."""
+
+    def __init__(
+        self,
+        module: nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        settings: TrainerSettings,
+        info: DistInfo,
+    ):
+        self.module = module
+        self.optimizer = optimizer
+        self.settings = settings
+        self.info = info
+        preset = settings.preset
+        self.loss_fn = get_policy_loss_fn(preset.policy_loss_fn)
+        self.loss_cfg: Mapping[str, Any] = preset.policy_loss_fn_args
+        self.loss_agg_mode = preset.loss_agg_mode
+        self.entropy_coef = (
+            float(preset.entropy_loss_fn_args.get("entropy_coef", 0.0))
+            if preset.entropy_loss_fn != "none"
+            else 0.0
+        )
+        self.kl_coef = float(preset.kl_loss_fn_args.get("kl_coef", 0.0)) if preset.use_kl_loss else 0.0
+        self.batching = MicroBatching(
+            settings.micro_batch_size,
+            settings.max_tokens_per_micro_batch if settings.use_dynamic_bsz else None,
+        )
+
+    @torch.no_grad()
+    def compute_log_prob(self, step: StepBatch) -> torch.Tensor:
+        """Log-probs ``(bs, response_length)`` of every response token under this module."""
+        was_training = self.module.training
+        self.module.eval()
+        try:
+            return map_rows(
+                step,
+                self.info,
+                self.batching,
+                lambda micro: policy_forward(self.module, micro, self.settings.temperature, self.info.device)[
+                    0
+                ],
+            )
+        finally:
+            self.module.train(was_training)
+
+    def update_policy(self, step: StepBatch) -> dict[str, float]:
+        """PPO-style update on a batch that carries old_log_probs and advantages (and ref_log_probs
+        when a KL loss is used); returns the averaged `actor/*` metrics."""
+        assert self.optimizer is not None, "a reference actor has no optimizer"
+        batch = step.batch
+        batch.require("old_log_probs")
+        if self.kl_coef:
+            batch.require("ref_log_probs")
+        self.module.train()
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        mini = self.settings.mini_batch_size
+        sums = torch.zeros(6, dtype=torch.float64)  # pg_loss, clipfrac, ppo_kl, entropy, kl_loss, clip_lower
+        norms: list[float] = []
+        skipped = 0
+        for _ in range(self.settings.ppo_epochs):
+            for start in range(0, step.size, mini):
+                mini_batch = step.rows(range(start, min(start + mini, step.size)))
+                metrics, grad_norm = self._mini_batch_step(mini_batch, params)
+                sums += metrics
+                norms.append(grad_norm)
+                skipped += 0 if math.isfinite(grad_norm) else 1
+        if self.info.world_size > 1:
+            dist.all_reduce(sums)
+        n_updates = max(1, len(norms))
+        avg = (sums / n_updates).tolist()
+        finite = [n for n in norms if math.isfinite(n)]
+        return {
+            "actor/pg_loss": avg[0],
+            "actor/pg_clipfrac": avg[1],
+            "actor/ppo_kl": avg[2],
+            "actor/entropy": avg[3],
+            "actor/kl_loss": avg[4],
+            "actor/pg_clipfrac_lower": avg[5],
+            "actor/kl_coef": self.kl_coef,
+            "actor/grad_norm": sum(finite) / len(finite) if finite else float("nan"),
+            "actor/skipped_updates": float(skipped),
+            "actor/lr": float(self.optimizer.param_groups[0]["lr"]),
+        }
+
+    def _mini_batch_step(self, mini: StepBatch, params: list[nn.Parameter]) -> tuple[torch.Tensor, float]:
+        assert self.optimizer is not None
+        mode, world = self.loss_agg_mode, self.info.world_size
+        global_mask = mini.batch.response_mask
+        global_norm = agg_normaliser(global_mask, mode)
+        global_tokens = max(float(global_mask.sum()), 1.0)
+        sums = torch.zeros(6, dtype=torch.float64)
+        self.optimizer.zero_grad(set_to_none=True)
+        for rows in local_micro_batches(mini, self.info, self.batching):
+            micro = mini.rows(rows)
+            b = micro.batch
+            dev = self.info.device
+            mask = b.response_mask.to(dev)
+            log_prob, entropy = policy_forward(
+                self.module, micro, self.settings.temperature, dev, entropy=True
+            )
+            assert entropy is not None
+            pg_loss, pg_metrics = self.loss_fn(
+                b.old_log_probs.to(dev),
+                log_prob,
+                b.advantages.to(dev) if b.advantages is not None else None,
+                mask,
+                mode,
+                dict(self.loss_cfg),
+            )
+            ent_loss = agg_loss(entropy if self.entropy_coef else entropy.detach(), mask, mode)
+            loss = pg_loss - self.entropy_coef * ent_loss
+            kl_value = 0.0
+            if self.kl_coef:
+                kl_loss, _ = compute_kl_loss(
+                    log_prob, b.ref_log_probs.to(dev), mask, self.settings.preset.kl_loss_fn, mode
+                )
+                loss = loss + self.kl_coef * kl_loss
+                kl_value = float(kl_loss.detach())
+            scale = agg_normaliser(b.response_mask, mode) / global_norm if global_norm else 0.0
+            (loss * (scale * world)).backward()
+            token_share = float(b.response_mask.sum()) / global_tokens
+            sums += torch.tensor(
+                [
+                    float(pg_loss.detach()) * scale,
+                    pg_metrics.get("actor/pg_clipfrac", 0.0) * token_share,
+                    pg_metrics.get("actor/ppo_kl", 0.0) * token_share,
+                    float(ent_loss.detach()) * scale,
+                    kl_value * scale,
+                    pg_metrics.get("actor/pg_clipfrac_lower", 0.0) * token_share,
+                ],
+                dtype=torch.float64,
+            )
+        grad_norm = clip_grad_norm(params, self.settings.actor_optim.grad_clip)
+        if math.isfinite(grad_norm):
+            self.optimizer.step()
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
+        return sums, grad_norm

@@ -1,0 +1,246 @@
+"""Checkpoints: `<job_dir>/global_step_N/` with everything needed to resume exactly.
+
+Layout (one folder per saved step; `role` is `actor` or `critic`):
+
+    global_step_N/<role>/model.safetensors        gathered weights (world size 1), HF names
+    global_step_N/<role>/optim.pt                 gathered optimizer state (tensors + numbers only)
+    global_step_N/<role>/dcp/                     torch.distributed.checkpoint shards of model + optim
+                                                  (world size > 1; loads under any world size)
+    global_step_N/<role>/extra_state_rank_R.pt    LR scheduler + RNG states of rank R
+    global_step_N/trainer_state.json              step, consumed samples, model version, KL coef
+    global_step_N/huggingface/                    config + tokenizer + model.safetensors (HF export)
+    latest_checkpointed_iteration.txt             written last, when every file above is on disk
+
+Saving is split: the collective part (gathering or staging tensors into private CPU copies) runs on
+the caller's thread, the file writing in a background thread, so the next step starts at once.
+`wait()` joins the pending saves.  Loading uses safetensors and `torch.load(weights_only=True)`
+only, so a checkpoint folder cannot run code.  Old step folders beyond `max_to_keep` are deleted
+after the marker moves on.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from safetensors.torch import load_file, save_file
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+
+from services.trainer.distributed import DistInfo
+from services.trainer.fsdp import full_state_dict, load_full_state_dict
+
+__all__ = ["CheckpointManager", "Role", "find_latest", "step_dir"]
+
+MARKER = "latest_checkpointed_iteration.txt"
+STATE_FILE = "trainer_state.json"
+
+
+def step_dir(job_dir: Path, step: int) -> Path:
+    return Path(job_dir) / f"global_step_{step}"
+
+
+def find_latest(job_dir: Path) -> Path | None:
+    """The step folder named by the marker file, or None when there is no complete checkpoint."""
+    marker = Path(job_dir) / MARKER
+    if not marker.is_file():
+        return None
+    text = marker.read_text().strip()
+    if not text.isdigit():
+        raise ValueError(f"{marker} holds {text!r}, not a step number")
+    folder = step_dir(job_dir, int(text))
+    if not (folder / STATE_FILE).is_file():
+        raise FileNotFoundError(f"{marker} names step {text} but {folder / STATE_FILE} is missing")
+    return folder
+
+
+@dataclass
+class Role:
+    """A trained model of the run: its module, optimizer and LR scheduler."""
+
+    name: str
+    module: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+
+
+def _rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _clone(tree: Any) -> Any:
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().cpu().clone()
+    if isinstance(tree, dict):
+        return {k: _clone(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_clone(v) for v in tree]
+    return tree
+
+
+@dataclass
+class CheckpointManager:
+    """Saves and loads step folders; every method is collective over the ranks."""
+
+    job_dir: Path
+    info: DistInfo
+    max_to_keep: int | None = None
+    sharded: bool | None = None  # None: sharded iff world size > 1
+    _threads: list[threading.Thread] = field(default_factory=list)
+    _errors: list[BaseException] = field(default_factory=list)
+    _ckpt_group: Any = None
+
+    def __post_init__(self) -> None:
+        self.job_dir = Path(self.job_dir)
+        if self.sharded is None:
+            self.sharded = self.info.world_size > 1
+        if self.sharded and self.info.world_size > 1:
+            # background DCP writes talk over their own group, never racing the training collectives
+            self._ckpt_group = dist.new_group(backend="gloo")
+
+    # ---- saving -------------------------------------------------------------------------------
+    def save(
+        self,
+        step: int,
+        roles: list[Role],
+        trainer_state: dict[str, Any],
+        hf_export: Callable[[Path, dict[str, torch.Tensor]], None] | None = None,
+        hf_role: str = "actor",
+    ) -> Path:
+        """Stage everything for `step` and write it in the background; returns the step folder."""
+        self.raise_pending_error()
+        folder = step_dir(self.job_dir, step)
+        futures: list[Any] = []
+        writes: list[Callable[[], None]] = []
+        for role in roles:
+            out = folder / role.name
+            out.mkdir(parents=True, exist_ok=True)
+            extra = {"scheduler": role.scheduler.state_dict(), "rng": _rng_state()}
+            torch.save(extra, out / f"extra_state_rank_{self.info.rank}.pt")
+            if self.sharded:
+                state = {
+                    "model": get_model_state_dict(role.module),
+                    "optim": get_optimizer_state_dict(role.module, role.optimizer),
+                }
+                futures.append(
+                    dcp.async_save(state, checkpoint_id=str(out / "dcp"), process_group=self._ckpt_group)
+                )
+            else:
+                weights = full_state_dict(role.module)
+                optim = _clone(
+                    get_optimizer_state_dict(
+                        role.module,
+                        role.optimizer,
+                        options=StateDictOptions(full_state_dict=True, cpu_offload=True),
+                    )
+                )
+                if self.info.is_main:
+                    writes.append(lambda out=out, w=weights: save_file(w, str(out / "model.safetensors")))
+                    writes.append(lambda out=out, o=optim: torch.save(o, out / "optim.pt"))
+        if hf_export is not None:
+            module = next(r.module for r in roles if r.name == hf_role)
+            weights = full_state_dict(module)
+            if self.info.is_main:
+                writes.append(lambda w=weights: hf_export(folder / "huggingface", w))
+        thread = threading.Thread(
+            target=self._finish, args=(step, folder, futures, writes, dict(trainer_state)), daemon=False
+        )
+        thread.start()
+        self._threads.append(thread)
+        return folder
+
+    def _finish(
+        self, step: int, folder: Path, futures: list[Any], writes: list[Callable[[], None]], state: dict
+    ) -> None:
+        try:
+            for fut in futures:
+                fut.result()
+            for write in writes:
+                write()
+            if self.info.is_main:
+                (folder / STATE_FILE).write_text(json.dumps(state, indent=1, sort_keys=True))
+                tmp = self.job_dir / (MARKER + ".tmp")
+                tmp.write_text(str(step))
+                tmp.replace(self.job_dir / MARKER)
+                self._prune(step)
+        except BaseException as exc:  # surfaced by wait() / the next save
+            self._errors.append(exc)
+
+    def _prune(self, latest: int) -> None:
+        if not self.max_to_keep:
+            return
+        steps = sorted(
+            int(p.name.removeprefix("global_step_"))
+            for p in self.job_dir.glob("global_step_*")
+            if p.name.removeprefix("global_step_").isdigit()
+        )
+        for old in [s for s in steps if s <= latest][: -self.max_to_keep]:
+            shutil.rmtree(step_dir(self.job_dir, old), ignore_errors=True)
+
+    def wait(self) -> None:
+        """Block until every pending save is on disk (and the marker written)."""
+        threads, self._threads = self._threads, []
+        for t in threads:
+            t.join()
+        self.raise_pending_error()
+
+    def raise_pending_error(self) -> None:
+        if self._errors:
+            errors, self._errors = self._errors, []
+            raise RuntimeError(f"a background checkpoint save failed: {errors[0]!r}") from errors[0]
+
+    # ---- loading ------------------------------------------------------------------------------
+    def load(self, folder: Path, roles: list[Role]) -> dict[str, Any]:
+        """Restore every role from `folder`; returns the trainer state (step, data position, ...)."""
+        state = json.loads((folder / STATE_FILE).read_text())
+        for role in roles:
+            src = folder / role.name
+            if (src / "dcp").is_dir():
+                msd = get_model_state_dict(role.module)
+                osd = get_optimizer_state_dict(role.module, role.optimizer)
+                loaded = {"model": msd, "optim": osd}
+                dcp.load(loaded, checkpoint_id=str(src / "dcp"))
+                set_model_state_dict(role.module, loaded["model"])
+                set_optimizer_state_dict(role.module, role.optimizer, loaded["optim"])
+            else:
+                weights = load_file(str(src / "model.safetensors")) if self.info.is_main else {}
+                load_full_state_dict(role.module, weights)
+                optim = torch.load(src / "optim.pt", weights_only=True) if self.info.is_main else {}
+                set_optimizer_state_dict(
+                    role.module,
+                    role.optimizer,
+                    optim,
+                    options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
+                )
+            extra_file = src / f"extra_state_rank_{self.info.rank}.pt"
+            if not extra_file.is_file():  # resumed under another world size: rank 0's schedule
+                extra_file = src / "extra_state_rank_0.pt"
+            extra = torch.load(extra_file, weights_only=True)
+            role.scheduler.load_state_dict(extra["scheduler"])
+            _set_rng_state(extra["rng"])
+        return state

@@ -1,0 +1,134 @@
+"""Process-group set-up and the rank-0 -> workers command channel.
+
+Under `torchrun` every rank joins the default group from the environment (`RANK`, `WORLD_SIZE`,
+`MASTER_ADDR`, `MASTER_PORT`).  Without torchrun the process makes a group of one on a free
+loopback port, so FSDP2 and every collective run the same code path with world size 1.  Backend:
+nccl on CUDA, gloo on CPU.
+
+Rank 0 hosts gRPC and decides what happens; the other ranks sit in `worker_loop` and execute the
+same engine method when rank 0 broadcasts a small `Command` (name + picklable payload).  The
+payload travels between ranks of one job only (never from a file or the network outside it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = [
+    "Command",
+    "CommandChannel",
+    "DistInfo",
+    "device_for_rank",
+    "ensure_process_group",
+    "free_port",
+]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclasses.dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def device_for_rank(local_rank: int) -> torch.device:
+    """`cuda:<local_rank>` when CUDA is available, else CPU."""
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def ensure_process_group(timeout_s: float = 1800.0) -> DistInfo:
+    """Join (or create) the default process group and describe this rank."""
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = device_for_rank(local_rank)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if not dist.is_initialized():
+        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+            dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+        else:
+            dist.init_process_group(
+                backend=backend,
+                init_method=f"tcp://127.0.0.1:{free_port()}",
+                rank=0,
+                world_size=1,
+                timeout=timedelta(seconds=timeout_s),
+            )
+    return DistInfo(
+        rank=dist.get_rank(),
+        world_size=dist.get_world_size(),
+        local_rank=local_rank,
+        backend=dist.get_backend(),
+        device=device,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """One unit of work every rank executes together: `handler(name)(payload)`."""
+
+    name: str
+    payload: Any = None
+
+
+STOP = "stop"
+
+
+class CommandChannel:
+    """Rank 0 broadcasts commands; ranks > 0 run them in `worker_loop` until `stop`.
+
+    With world size 1 `run` just calls the handler (no broadcast).
+    """
+
+    def __init__(self, info: DistInfo, handlers: dict[str, Callable[[Any], Any]]):
+        self.info = info
+        self.handlers = handlers
+
+    def _broadcast(self, command: Command | None) -> Command:
+        box: list[Any] = [command]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def run(self, name: str, payload: Any = None) -> Any:
+        """On rank 0: make every rank execute `name(payload)`; returns rank 0's result."""
+        if not self.info.is_main:
+            raise RuntimeError("only rank 0 issues commands")
+        if self.info.world_size > 1:
+            self._broadcast(Command(name, payload))
+        if name == STOP:
+            return None
+        return self.handlers[name](payload)
+
+    def stop_workers(self) -> None:
+        if self.info.world_size > 1:
+            self._broadcast(Command(STOP))
+
+    def worker_loop(self) -> None:
+        """On ranks > 0: execute broadcast commands until rank 0 sends `stop`."""
+        while True:
+            command = self._broadcast(None)
+            if command.name == STOP:
+                return
+            self.handlers[command.name](command.payload)

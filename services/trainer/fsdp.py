@@ -1,0 +1,90 @@
+"""FSDP2 wrapping and the few distributed-tensor utilities the trainer needs.
+
+`shard_model` applies `fully_shard` to every decoder layer and then to the root (the layout
+veRL and torchtitan use), with bf16 parameters / fp32 gradient reduction on CUDA and plain fp32 on
+CPU.  With world size 1 the same code runs on a mesh of one device.  Full state dicts are gathered
+with `get_model_state_dict(full_state_dict=True, cpu_offload=True)`, keyed by HF parameter names.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    set_model_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+from services.trainer.distributed import DistInfo
+
+__all__ = ["clip_grad_norm", "decoder_layers", "full_state_dict", "load_full_state_dict", "shard_model"]
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The transformer blocks of a HF model (`model.layers`, `transformer.h`, ...)."""
+    for path in ("model.layers", "layers", "transformer.h", "gpt_neox.layers", "backbone.layers"):
+        obj: object = model
+        for part in path.split("."):
+            obj = getattr(obj, part, None)
+            if obj is None:
+                break
+        if isinstance(obj, nn.ModuleList):
+            return list(obj)
+    raise ValueError(f"cannot find the decoder layers of {type(model).__name__}")
+
+
+def shard_model(model: nn.Module, info: DistInfo, *, reshard_after_forward: bool = True) -> nn.Module:
+    """`fully_shard` each decoder layer, then the root; returns the same (now FSDP) module."""
+    mesh = init_device_mesh(info.device.type, (info.world_size,))
+    mp = (
+        MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        if info.device.type == "cuda"
+        else MixedPrecisionPolicy()
+    )
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    return model
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The full (unsharded) state dict on CPU, on rank 0 (other ranks get an empty dict).
+
+    Collective: every rank must call it.  Tensors are private copies (safe to write in a thread).
+    """
+    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return {k: v.detach().clone() for k, v in sd.items()}
+
+
+def load_full_state_dict(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load a full state dict (given on rank 0) into the sharded model; collective."""
+    set_model_state_dict(
+        model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=True)
+    )
+
+
+def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> float:
+    """Clip by the global L2 norm over every shard; returns the norm before clipping (may be inf/nan).
+
+    When the norm is not finite nothing is scaled (the caller skips the step).
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+    sq = torch.stack([torch.linalg.vector_norm(g.float(), 2.0) ** 2 for g in local]).sum()
+    if dist.is_initialized() and dist.get_world_size() > 1 and isinstance(grads[0], DTensor):
+        dist.all_reduce(sq)
+    norm = float(sq.sqrt())
+    if math.isfinite(norm) and norm > max_norm:
+        scale = max_norm / (norm + 1e-6)
+        for g in local:
+            g.mul_(scale)
+    return norm

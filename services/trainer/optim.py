@@ -1,0 +1,42 @@
+"""Optimizer and learning-rate schedule from `algorithm.optimizer` (or the critic's overrides).
+
+AdamW (Trinity-RFT's `adam` means the same: decoupled weight decay), with a linear warm-up
+(`lr_warmup_steps`, or `lr_warmup_steps_ratio` x total steps) followed by a constant or cosine
+schedule that ends at `min_lr_ratio` x lr — the shapes of veRL's `get_constant_schedule_with_warmup`
+and `get_cosine_schedule_with_warmup`.  The schedule advances once per trainer step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from services.trainer.settings import OptimSettings
+
+__all__ = ["build_optimizer", "build_scheduler", "lr_factor"]
+
+
+def build_optimizer(model: nn.Module, s: OptimSettings) -> torch.optim.Optimizer:
+    """AdamW over the trainable parameters (fused/foreach picked by torch)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.AdamW(params, lr=s.lr, betas=s.betas, eps=s.eps, weight_decay=s.weight_decay)
+
+
+def lr_factor(step: int, s: OptimSettings, total_steps: int | None) -> float:
+    """Multiplier of the base lr after `step` scheduler steps."""
+    warmup = s.warmup_for(total_steps or 0)
+    if warmup > 0 and step < warmup:
+        return (step + 1) / warmup  # the first step already moves (veRL's starts at lr 0)
+    if s.scheduler == "constant" or not total_steps:
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+    cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return s.min_lr_ratio + (1.0 - s.min_lr_ratio) * cosine
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, s: OptimSettings, total_steps: int | None
+) -> torch.optim.lr_scheduler.LambdaLR:
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, s, total_steps))

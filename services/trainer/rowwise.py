@@ -1,0 +1,60 @@
+"""Data-parallel row-wise computation: each rank runs its micro-batches, every rank gets all rows.
+
+Used for the forward-only passes of a step (old log-probs, reference log-probs, critic values):
+the rows of the global batch are sharded across ranks (`batching.shard_rows`), each rank runs its
+micro-batches, and the ``(rows, response_length)`` results are all-gathered so every rank holds the
+global tensor (advantages need whole groups, which may span ranks).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from services.trainer.batching import micro_batch_plan, shard_rows
+from services.trainer.collate import StepBatch
+from services.trainer.distributed import DistInfo
+
+__all__ = ["MicroBatching", "local_micro_batches", "map_rows"]
+
+
+@dataclasses.dataclass(frozen=True)
+class MicroBatching:
+    """Fixed (`micro_batch_size` rows) or dynamic (`token_budget` tokens) micro-batches."""
+
+    micro_batch_size: int = 8
+    token_budget: int | None = None
+
+
+def local_micro_batches(step: StepBatch, info: DistInfo, how: MicroBatching) -> list[list[int]]:
+    """This rank's micro-batches (row indices into `step`); the count is equal on every rank."""
+    lengths = step.seq_lengths
+    shards = shard_rows(range(step.size), lengths, info.world_size)
+    plan = micro_batch_plan(shards, lengths, how.micro_batch_size, how.token_budget)
+    return plan[info.rank]
+
+
+def map_rows(
+    step: StepBatch,
+    info: DistInfo,
+    how: MicroBatching,
+    fn: Callable[[StepBatch], torch.Tensor],
+) -> torch.Tensor:
+    """`fn` over this rank's micro-batches, results gathered into ``(bs, response_length)`` on all ranks.
+
+    `fn(micro)` returns ``(len(micro), response_length)`` on any device; the result is on CPU.
+    """
+    pieces: list[tuple[Sequence[int], torch.Tensor]] = []
+    for rows in local_micro_batches(step, info, how):
+        pieces.append((rows, fn(step.rows(rows)).detach().float().cpu()))
+    if info.world_size > 1:
+        gathered: list[list[tuple[Sequence[int], torch.Tensor]] | None] = [None] * info.world_size
+        dist.all_gather_object(gathered, pieces)
+        pieces = [p for part in gathered for p in (part or [])]
+    out = torch.zeros(step.size, step.batch.response_length)
+    for rows, values in pieces:
+        out[torch.as_tensor(list(rows))] = values
+    return out

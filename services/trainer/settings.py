@@ -1,0 +1,207 @@
+"""`TrainerSettings`: every number the trainer needs, derived once from the run config.
+
+The config tree keeps Trinity-RFT names (`algorithm.*`, `trainer.*`, `model.*`) and lets veRL-style
+keys ride along in `trainer.trainer_config`.  This module is the single place where both are read:
+the rest of the trainer sees one frozen record and never looks at the raw config.  veRL keys that
+are understood (a mini-batch is counted in prompts there, so it is multiplied by `repeat_times`):
+
+    actor_rollout_ref.actor.ppo_mini_batch_size          prompts per optimizer step
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu  rows per micro-batch (fixed batching)
+    actor_rollout_ref.actor.ppo_max_token_len_per_gpu    token budget of a dynamic micro-batch
+    actor_rollout_ref.actor.use_dynamic_bsz              overrides trainer.use_dynamic_bsz
+    critic.optim.{lr,lr_warmup_steps,lr_warmup_steps_ratio,min_lr_ratio,lr_scheduler_type,weight_decay}
+    critic.cliprange_value, critic.grad_clip
+    seed                                                  RNG seed of the trainer (42)
+
+Other keys are kept for reference and ignored (listed by `unused_trainer_config_keys`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from services.common.config import OptimizerConfig, RFTConfig, resolve
+from services.trainer.algorithms import AlgorithmPreset, resolve_preset
+
+__all__ = ["OptimSettings", "TrainerSettings", "unused_trainer_config_keys"]
+
+DEFAULT_TOKEN_BUDGET = 16384
+_KNOWN_KEYS = {
+    "actor_rollout_ref.actor.ppo_mini_batch_size",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+    "actor_rollout_ref.actor.use_dynamic_bsz",
+    "critic.optim.lr",
+    "critic.optim.lr_warmup_steps",
+    "critic.optim.lr_warmup_steps_ratio",
+    "critic.optim.min_lr_ratio",
+    "critic.optim.lr_scheduler_type",
+    "critic.optim.weight_decay",
+    "critic.cliprange_value",
+    "critic.grad_clip",
+    "seed",
+}
+
+
+def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out |= _flatten(value, name + ".")
+        else:
+            out[name] = value
+    return out
+
+
+def unused_trainer_config_keys(config: RFTConfig) -> list[str]:
+    """veRL keys in `trainer.trainer_config` that this trainer does not read."""
+    return sorted(set(_flatten(config.trainer.trainer_config)) - _KNOWN_KEYS)
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimSettings:
+    """One optimizer and its LR schedule (actor or critic)."""
+
+    lr: float
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+    warmup_steps: int = -1  # < 0: use warmup_ratio
+    warmup_ratio: float = 0.0
+    scheduler: str = "constant"  # constant | cosine
+    min_lr_ratio: float = 0.0
+    grad_clip: float = 1.0
+
+    def warmup_for(self, total_steps: int) -> int:
+        """Warm-up steps: explicit, else ratio x total steps."""
+        return self.warmup_steps if self.warmup_steps >= 0 else int(self.warmup_ratio * total_steps)
+
+    @classmethod
+    def from_config(cls, opt: OptimizerConfig, grad_clip: float) -> OptimSettings:
+        return cls(
+            lr=opt.lr,
+            betas=tuple(opt.betas),  # type: ignore[arg-type]
+            eps=opt.eps,
+            weight_decay=opt.weight_decay,
+            warmup_steps=opt.lr_warmup_steps,
+            warmup_ratio=opt.lr_warmup_steps_ratio,
+            scheduler=opt.lr_scheduler_type,
+            min_lr_ratio=opt.min_lr_ratio,
+            grad_clip=grad_clip,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerSettings:
+    """The resolved trainer settings.  Sizes are in experiences (rows) unless named `*_tokens`."""
+
+    model_path: str
+    critic_model_path: str
+    job_dir: Path
+    preset: AlgorithmPreset
+    train_batch_size: int
+    mini_batch_size: int
+    ppo_epochs: int
+    micro_batch_size: int
+    use_dynamic_bsz: bool
+    max_tokens_per_micro_batch: int
+    temperature: float
+    actor_optim: OptimSettings
+    critic_optim: OptimSettings
+    cliprange_value: float
+    total_steps: int | None
+    save_interval: int
+    save_hf_checkpoint: str
+    max_checkpoints_to_keep: int | None
+    resume: bool
+    seed: int = 42
+    dtype: str = "auto"
+
+    @property
+    def use_reference(self) -> bool:
+        """A frozen reference model exists only when some KL term reads it."""
+        p = self.preset
+        return p.use_reference and (p.use_kl_loss or p.use_kl_in_reward)
+
+    @property
+    def use_critic(self) -> bool:
+        return self.preset.use_critic
+
+    @classmethod
+    def from_config(cls, config: RFTConfig) -> TrainerSettings:
+        res = resolve(config)
+        alg, tr = config.algorithm, config.trainer
+        extra = _flatten(tr.trainer_config)
+        overrides = {
+            name: getattr(alg, name)
+            for name in (
+                "advantage_fn",
+                "advantage_fn_args",
+                "kl_penalty_fn",
+                "kl_penalty_fn_args",
+                "policy_loss_fn",
+                "policy_loss_fn_args",
+                "kl_loss_fn",
+                "kl_loss_fn_args",
+                "entropy_loss_fn",
+                "entropy_loss_fn_args",
+                "loss_agg_mode",
+            )
+        }
+        overrides["repeat_times"] = alg.repeat_times
+        preset = resolve_preset(alg.algorithm_type, overrides)
+        train_bs = res.train_batch_size
+        mini = extra.get("actor_rollout_ref.actor.ppo_mini_batch_size")
+        mini_bs = int(mini) * alg.repeat_times if mini else train_bs
+        if train_bs % mini_bs:
+            raise ValueError(
+                f"train batch size {train_bs} is not a multiple of the mini-batch size {mini_bs} "
+                "(trainer_config actor_rollout_ref.actor.ppo_mini_batch_size x repeat_times)"
+            )
+        tasksets = res.tasksets
+        temperature = (
+            res.rollout_args(tasksets[0])["temperature"] if tasksets else config.model.temperature
+        ) or 1.0
+        actor_optim = OptimSettings.from_config(alg.optimizer, tr.grad_clip)
+        critic_optim = dataclasses.replace(
+            actor_optim,
+            lr=float(extra.get("critic.optim.lr", actor_optim.lr)),
+            warmup_steps=int(extra.get("critic.optim.lr_warmup_steps", actor_optim.warmup_steps)),
+            warmup_ratio=float(extra.get("critic.optim.lr_warmup_steps_ratio", actor_optim.warmup_ratio)),
+            min_lr_ratio=float(extra.get("critic.optim.min_lr_ratio", actor_optim.min_lr_ratio)),
+            scheduler=str(extra.get("critic.optim.lr_scheduler_type", actor_optim.scheduler)),
+            weight_decay=float(extra.get("critic.optim.weight_decay", actor_optim.weight_decay)),
+            grad_clip=float(extra.get("critic.grad_clip", tr.grad_clip)),
+        )
+        return cls(
+            model_path=config.model.model_path,
+            critic_model_path=res.critic_model_path,
+            job_dir=res.job_dir,
+            preset=preset,
+            train_batch_size=train_bs,
+            mini_batch_size=mini_bs,
+            ppo_epochs=alg.ppo_epochs,
+            micro_batch_size=int(
+                extra.get("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu", tr.micro_batch_size_per_gpu)
+            ),
+            use_dynamic_bsz=bool(extra.get("actor_rollout_ref.actor.use_dynamic_bsz", tr.use_dynamic_bsz)),
+            max_tokens_per_micro_batch=int(
+                extra.get("actor_rollout_ref.actor.ppo_max_token_len_per_gpu")
+                or res.max_token_len_per_gpu
+                or DEFAULT_TOKEN_BUDGET
+            ),
+            temperature=float(temperature),
+            actor_optim=actor_optim,
+            critic_optim=critic_optim,
+            cliprange_value=float(extra.get("critic.cliprange_value", 0.5)),
+            total_steps=config.buffer.total_steps or tr.total_steps,
+            save_interval=tr.save_interval,
+            save_hf_checkpoint=tr.save_hf_checkpoint,
+            max_checkpoints_to_keep=tr.max_checkpoints_to_keep,
+            resume=config.continue_from_checkpoint,
+            seed=int(extra.get("seed", 42)),
+        )

@@ -1,0 +1,162 @@
+"""`FSDPWorker`: what every rank does — build the sharded models and run steps, saves and loads.
+
+Each public method is one collective unit of work: rank 0 calls it directly, the other ranks run
+the same method when rank 0's `CommandChannel` broadcasts it.  One train step is
+
+    old log-probs -> reference log-probs (only with a KL term) -> critic values (PPO)
+    -> reward shaping + advantages (by name) -> critic update -> actor update -> LR schedulers
+
+followed by `compute_data_metrics` and timing / throughput metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from services.common.modeling import load_model, load_tokenizer
+from services.trainer.actor import Actor
+from services.trainer.advantage_stage import make_kl_controller, shape_rewards_and_advantages
+from services.trainer.algorithms import compute_data_metrics
+from services.trainer.checkpoint import CheckpointManager, Role
+from services.trainer.collate import StepBatch
+from services.trainer.critic import Critic, load_value_model
+from services.trainer.distributed import DistInfo
+from services.trainer.fsdp import full_state_dict, shard_model
+from services.trainer.optim import build_optimizer, build_scheduler
+from services.trainer.settings import TrainerSettings
+
+__all__ = ["FSDPWorker"]
+
+
+@contextmanager
+def _timer(timings: dict[str, float], name: str) -> Iterator[None]:
+    start = time.perf_counter()
+    yield
+    timings[f"timing_s/{name}"] = timings.get(f"timing_s/{name}", 0.0) + time.perf_counter() - start
+
+
+class FSDPWorker:
+    """The models of one rank and the collective operations on them."""
+
+    def __init__(self, settings: TrainerSettings, info: DistInfo):
+        self.settings = settings
+        self.info = info
+        torch.manual_seed(settings.seed)
+        dtype = "float32"  # master weights; bf16 compute on CUDA comes from the FSDP2 policy
+        policy = load_model(settings.model_path, dtype=dtype)
+        self.hf_config = policy.config
+        self.generation_config = getattr(policy, "generation_config", None)
+        self.tokenizer = load_tokenizer(settings.model_path)
+        self.pad_token_id = int(self.tokenizer.pad_token_id or 0)
+        self.policy = shard_model(policy.to(info.device), info)
+        optim = build_optimizer(self.policy, settings.actor_optim)
+        self.actor = Actor(self.policy, optim, settings, info)
+        self.actor_scheduler = build_scheduler(optim, settings.actor_optim, settings.total_steps)
+        self.ref: Actor | None = None
+        if settings.use_reference:
+            ref = load_model(settings.model_path, dtype=dtype).to(info.device)
+            ref.requires_grad_(False)
+            self.ref = Actor(shard_model(ref.eval(), info), None, settings, info)
+        self.critic: Critic | None = None
+        self.critic_scheduler = None
+        if settings.use_critic:
+            value_model = shard_model(
+                load_value_model(settings.critic_model_path, dtype, settings.seed).to(info.device), info
+            )
+            critic_optim = build_optimizer(value_model, settings.critic_optim)
+            self.critic = Critic(value_model, critic_optim, settings, info)
+            self.critic_scheduler = build_scheduler(critic_optim, settings.critic_optim, settings.total_steps)
+        self.kl_ctrl = make_kl_controller(settings.preset)
+        self.checkpoints = CheckpointManager(settings.job_dir, info, settings.max_checkpoints_to_keep)
+
+    # ---- one step ---------------------------------------------------------------------------------
+    def train_step(self, step: StepBatch) -> dict[str, float]:
+        """One optimizer step (or `ppo_epochs` x mini-batches of them) on the global batch."""
+        s = self.settings
+        timings: dict[str, float] = {}
+        start = time.perf_counter()
+        with _timer(timings, "old_log_prob"):
+            old = self.actor.compute_log_prob(step)
+        batch = step.batch.replace(old_log_probs=old)
+        if self.ref is not None:
+            with _timer(timings, "ref"):
+                batch = batch.replace(ref_log_probs=self.ref.compute_log_prob(step))
+        if self.critic is not None:
+            with _timer(timings, "values"):
+                batch = batch.replace(values=self.critic.compute_values(step))
+        with _timer(timings, "adv"):
+            batch, metrics = shape_rewards_and_advantages(batch, s.preset, self.kl_ctrl)
+        step = step.with_batch(batch)
+        if self.critic is not None:
+            with _timer(timings, "update_critic"):
+                metrics |= self.critic.update_critic(step)
+            assert self.critic_scheduler is not None
+            self.critic_scheduler.step()
+        with _timer(timings, "update_actor"):
+            metrics |= self.actor.update_policy(step)
+        self.actor_scheduler.step()
+        elapsed = time.perf_counter() - start
+        tokens = step.num_tokens
+        metrics |= compute_data_metrics(batch, use_critic=self.critic is not None)
+        metrics |= timings
+        metrics |= {
+            "timing_s/update": elapsed,
+            "perf/total_num_tokens": float(tokens),
+            "perf/time_per_step": elapsed,
+            "perf/throughput": tokens / elapsed / self.info.world_size,
+        }
+        if self.ref is not None or s.preset.use_kl_in_reward:
+            metrics["actor/reward_kl_penalty_coeff"] = self.kl_ctrl.value
+        return metrics
+
+    # ---- checkpoints ------------------------------------------------------------------------------
+    def roles(self) -> list[Role]:
+        roles = [Role("actor", self.policy, self.actor.optimizer, self.actor_scheduler)]  # type: ignore[arg-type]
+        if self.critic is not None:
+            roles.append(Role("critic", self.critic.module, self.critic.optimizer, self.critic_scheduler))  # type: ignore[arg-type]
+        return roles
+
+    def save_checkpoint(self, request: dict[str, Any]) -> str:
+        """Stage and start writing `global_step_<step>`; `request`: step, save_as_hf, trainer_state."""
+        state = dict(request["trainer_state"]) | {"kl_coef": self.kl_ctrl.value}
+        folder = self.checkpoints.save(
+            request["step"], self.roles(), state, self.export_hf if request["save_as_hf"] else None
+        )
+        if request.get("block"):
+            self.checkpoints.wait()
+        return str(folder)
+
+    def wait_for_save(self, _: Any = None) -> None:
+        self.checkpoints.wait()
+
+    def load_checkpoint(self, folder: str) -> dict[str, Any]:
+        state = self.checkpoints.load(Path(folder), self.roles())
+        self.kl_ctrl.value = float(state.get("kl_coef", self.kl_ctrl.value))
+        return state
+
+    def export_hf(self, out: Path, weights: dict[str, torch.Tensor]) -> None:
+        """Write an HF folder (`from_pretrained`-loadable) with the saved tokenizer."""
+        out.mkdir(parents=True, exist_ok=True)
+        if getattr(self.hf_config, "tie_word_embeddings", False):
+            weights = {k: v for k, v in weights.items() if k != "lm_head.weight"}
+        save_file(
+            {k: v.contiguous() for k, v in weights.items()}, str(out / "model.safetensors"), {"format": "pt"}
+        )
+        self.hf_config.save_pretrained(out)
+        if self.generation_config is not None:
+            self.generation_config.save_pretrained(out)
+        self.tokenizer.save_pretrained(out)
+        (out / "rft_export.json").write_text(json.dumps({"source": "rft-mesh trainer"}))
+
+    # ---- weights for sync -------------------------------------------------------------------------
+    def gather_state_dict(self, _: Any = None) -> dict[str, torch.Tensor]:
+        """Full policy state dict on rank 0 (HF names), empty elsewhere; collective."""
+        return full_state_dict(self.policy)
