@@ -80,9 +80,16 @@ class BufferCore:
             )
 
     async def put(
-        self, batch: experience_pb2.ExperienceBatch, *, sequence: int = 0, idempotent: bool = False
+        self,
+        batch: experience_pb2.ExperienceBatch,
+        *,
+        sequence: int = 0,
+        idempotent: bool = False,
+        wire: list[bytes] | None = None,
     ) -> PutOutcome:
-        """Validate and store a batch whole; raise `ValidationError` or (on_full=reject) `BufferFull`."""
+        """Validate and store a batch whole; raise `ValidationError` or (on_full=reject) `BufferFull`.
+
+        `wire`: each experience's bytes as received (see `WireBatch`), stored without re-serializing."""
         try:
             validate_batch(batch, self.settings.limits)
             if idempotent and not batch.producer_id:
@@ -92,7 +99,7 @@ class BufferCore:
         except ValidationError:
             await self.store.count_rejected(len(batch.experiences))
             raise
-        records = group_records(batch.experiences)
+        records = group_records(batch.experiences, wire)
         total = sum(r.n for r in records)
         if total > self.store.capacity:
             await self.store.count_rejected(total)

@@ -49,10 +49,77 @@ def _varint(value: int) -> bytes:
             return bytes(out)
 
 
-def encode_member(exp: experience_pb2.Experience) -> bytes:
-    """One experience as a length-delimited field-2 entry of GetBatchResponse."""
-    data = exp.SerializeToString()
+def encode_member(exp: experience_pb2.Experience | bytes) -> bytes:
+    """One experience (a message, or its wire bytes) as a length-delimited field-2 entry of GetBatchResponse."""
+    data = exp if isinstance(exp, bytes) else exp.SerializeToString()
     return EXPERIENCE_TAG + _varint(len(data)) + data
+
+
+def _read_varint(data: bytes, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[i]
+        i += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, i
+        shift += 7
+
+
+def field_slices(data: bytes, field_number: int) -> list[bytes]:
+    """Wire bytes of every occurrence of length-delimited `field_number` at the top level of a message.
+
+    Used to keep each experience's bytes as received (no re-serialization): for `ExperienceBatch`,
+    field 1 occurrences are exactly its experiences, in order.
+    """
+    out = []
+    i, end = 0, len(data)
+    while i < end:
+        key, i = _read_varint(data, i)
+        wire_type = key & 7
+        if wire_type == 0:
+            _, i = _read_varint(data, i)
+        elif wire_type == 2:
+            length, i = _read_varint(data, i)
+            if key >> 3 == field_number:
+                out.append(data[i : i + length])
+            i += length
+        elif wire_type == 5:
+            i += 4
+        elif wire_type == 1:
+            i += 8
+        else:
+            raise ValueError(f"unsupported wire type {wire_type}")
+    return out
+
+
+@dataclass(frozen=True)
+class WireBatch:
+    """A received `ExperienceBatch` with each experience's wire bytes kept beside the parsed message."""
+
+    message: experience_pb2.ExperienceBatch
+    members: list[bytes]
+
+    @classmethod
+    def parse(cls, data: bytes) -> WireBatch:
+        return cls(experience_pb2.ExperienceBatch.FromString(data), field_slices(data, 1))
+
+
+def encode_batch_response(
+    payloads: Sequence[bytes], lease_id: str, partial: bool, deadline_ms: int, dropped_stale: int
+) -> bytes:
+    """GetBatchResponse wire bytes built from stored payloads without parsing them."""
+    head = bytearray()
+    if lease_id:
+        raw = lease_id.encode()
+        head += b"\x0a" + _varint(len(raw)) + raw
+    if partial:
+        head += b"\x18\x01"
+    if deadline_ms:
+        head += b"\x20" + _varint(deadline_ms)
+    if dropped_stale:
+        head += b"\x28" + _varint(dropped_stale)
+    return bytes(head) + b"".join(payloads)
 
 
 @dataclass(frozen=True)
@@ -86,29 +153,34 @@ class GroupRecord:
         return out
 
 
-def group_records(experiences: Sequence[experience_pb2.Experience]) -> list[GroupRecord]:
+def group_records(
+    experiences: Sequence[experience_pb2.Experience], wire: Sequence[bytes] | None = None
+) -> list[GroupRecord]:
     """Split a (validated) batch into groups by `eid.group_id`, in order of first appearance.
 
-    An experience with an empty group_id is a group of its own.
+    An experience with an empty group_id is a group of its own. `wire`, when given, holds each
+    experience's received bytes, stored as they are instead of serializing the message again.
     """
-    members: dict[str, list[experience_pb2.Experience]] = {}
+    members: dict[str, list[int]] = {}
     singles = 0
-    for exp in experiences:
+    for i, exp in enumerate(experiences):
         gid = exp.eid.group_id
         if not gid:
             gid = f"\x00single{singles}"
             singles += 1
-        members.setdefault(gid, []).append(exp)
+        members.setdefault(gid, []).append(i)
     records = []
-    for exps in members.values():
+    for indices in members.values():
         versions: dict[int, int] = {}
-        for exp in exps:
-            versions[exp.model_version] = versions.get(exp.model_version, 0) + 1
+        for i in indices:
+            version = experiences[i].model_version
+            versions[version] = versions.get(version, 0) + 1
+        source = wire if wire is not None else experiences
         records.append(
             GroupRecord(
-                group_id=exps[0].eid.group_id,
-                n=len(exps),
-                payload=b"".join(encode_member(e) for e in exps),
+                group_id=experiences[indices[0]].eid.group_id,
+                n=len(indices),
+                payload=b"".join(encode_member(source[i]) for i in indices),
                 versions=versions,
             )
         )

@@ -162,9 +162,10 @@ local new_count, ginfo = 0, group_info()
 if not full then
   local last = '0-0'
   for _, g in ipairs(ginfo) do if g.name == group then last = g.last end end
-  local cursor = '(' .. last
+  local cursor, guess = '(' .. last, 2
   while not full do
-    local entries = redis.call('XRANGE', stream, cursor, '+', 'COUNT', 64)
+    -- Peek only about as many entries as the batch still needs (payloads are copied).
+    local entries = redis.call('XRANGE', stream, cursor, '+', 'COUNT', math.min(64, math.max(2, guess)))
     if #entries == 0 then break end
     for _, e in ipairs(entries) do
       local f = e[2]
@@ -176,6 +177,7 @@ if not full then
       end
       new_count = new_count + 1
       if total >= size then full = true break end
+      guess = math.ceil((size - total) / cnt) + 1
     end
   end
 end

@@ -2,6 +2,10 @@
 
 ValidationError -> INVALID_ARGUMENT (the message names the field and index), BufferFull ->
 RESOURCE_EXHAUSTED, LeaseError -> FAILED_PRECONDITION, a store that cannot be reached -> UNAVAILABLE.
+
+The wire contract is the generated one; only the (de)serializers differ where it saves copies: put
+requests keep each experience's received bytes (`WireBatch`), so they are stored without being
+serialized again, and GetBatch answers with response bytes assembled from the stored payloads.
 """
 
 from __future__ import annotations
@@ -12,10 +16,17 @@ from typing import TypeVar
 import grpc
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from rft.v1 import buffer_pb2, buffer_pb2_grpc, experience_pb2
+from rft.v1 import buffer_pb2, buffer_pb2_grpc
 
 from services.buffer.core import BufferCore
-from services.buffer.records import BufferFull, LeaseError, ValidationError
+from services.buffer.records import (
+    BufferFull,
+    LeaseError,
+    ValidationError,
+    WireBatch,
+    encode_batch_response,
+    field_slices,
+)
 
 T = TypeVar("T")
 
@@ -41,34 +52,34 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         self.core = core
 
     async def PutExperiences(
-        self,
-        request_iterator: AsyncIterator[experience_pb2.ExperienceBatch],
-        context: grpc.aio.ServicerContext,
+        self, request_iterator: AsyncIterator[WireBatch], context: grpc.aio.ServicerContext
     ) -> buffer_pb2.PutResponse:
         accepted = batches = 0
         async for batch in request_iterator:
-            outcome = await _guard(context, lambda b=batch: self.core.put(b), prefix=f"batches[{batches}].")
+            outcome = await _guard(
+                context,
+                lambda b=batch: self.core.put(b.message, wire=b.members),
+                prefix=f"batches[{batches}].",
+            )
             accepted += outcome.stored
             batches += 1
         return buffer_pb2.PutResponse(accepted=accepted, batches=batches)
 
-    async def Put(
-        self, request: experience_pb2.ExperienceBatch, context: grpc.aio.ServicerContext
-    ) -> buffer_pb2.PutResponse:
-        outcome = await _guard(context, lambda: self.core.put(request))
+    async def Put(self, request: WireBatch, context: grpc.aio.ServicerContext) -> buffer_pb2.PutResponse:
+        outcome = await _guard(context, lambda: self.core.put(request.message, wire=request.members))
         return buffer_pb2.PutResponse(accepted=outcome.stored, batches=1)
 
     async def PutSequenced(
-        self, request: buffer_pb2.SequencedBatch, context: grpc.aio.ServicerContext
+        self, request: tuple[buffer_pb2.SequencedBatch, list[bytes] | None], context: grpc.aio.ServicerContext
     ) -> buffer_pb2.PutResponse:
+        message, wire = request
         outcome = await _guard(
-            context, lambda: self.core.put(request.batch, sequence=request.sequence, idempotent=True)
+            context,
+            lambda: self.core.put(message.batch, sequence=message.sequence, idempotent=True, wire=wire),
         )
         return buffer_pb2.PutResponse(accepted=outcome.stored, batches=1, duplicates=int(outcome.duplicate))
 
-    async def GetBatch(
-        self, request: buffer_pb2.GetBatchRequest, context: grpc.aio.ServicerContext
-    ) -> buffer_pb2.GetBatchResponse:
+    async def GetBatch(self, request: buffer_pb2.GetBatchRequest, context: grpc.aio.ServicerContext) -> bytes:
         batch = await _guard(
             context,
             lambda: self.core.get_batch(
@@ -80,13 +91,9 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
                 lease_ms=request.lease_ms,
             ),
         )
-        # Payloads are already field-2 wire bytes: one parse builds the whole response.
-        response = buffer_pb2.GetBatchResponse.FromString(b"".join(batch.payloads))
-        response.lease_id = batch.lease_id
-        response.partial = batch.partial
-        response.lease_deadline_ms = batch.deadline_ms
-        response.dropped_stale = batch.dropped_stale
-        return response
+        return encode_batch_response(
+            batch.payloads, batch.lease_id, batch.partial, batch.deadline_ms, batch.dropped_stale
+        )
 
     async def Ack(
         self, request: buffer_pb2.AckRequest, context: grpc.aio.ServicerContext
@@ -119,6 +126,54 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         )
 
 
+def _parse_sequenced(data: bytes) -> tuple[buffer_pb2.SequencedBatch, list[bytes] | None]:
+    message = buffer_pb2.SequencedBatch.FromString(data)
+    inner = field_slices(data, 1)
+    # A batch split over several occurrences is merged by protobuf; then re-serialize instead.
+    return message, field_slices(inner[0], 1) if len(inner) == 1 else None
+
+
+def _bytes_or_message(response: bytes | buffer_pb2.GetBatchResponse) -> bytes:
+    return response if isinstance(response, bytes) else response.SerializeToString()
+
+
+def add_to_server(servicer: BufferServicer, server: grpc.aio.Server) -> None:
+    """Like the generated `add_BufferServiceServicer_to_server`, with the serializers described above."""
+    put_response = buffer_pb2.PutResponse.SerializeToString
+    unary = grpc.unary_unary_rpc_method_handler
+    handlers = {
+        "PutExperiences": grpc.stream_unary_rpc_method_handler(
+            servicer.PutExperiences, request_deserializer=WireBatch.parse, response_serializer=put_response
+        ),
+        "Put": unary(servicer.Put, request_deserializer=WireBatch.parse, response_serializer=put_response),
+        "PutSequenced": unary(
+            servicer.PutSequenced, request_deserializer=_parse_sequenced, response_serializer=put_response
+        ),
+        "GetBatch": unary(
+            servicer.GetBatch,
+            request_deserializer=buffer_pb2.GetBatchRequest.FromString,
+            response_serializer=_bytes_or_message,
+        ),
+        "Ack": unary(
+            servicer.Ack,
+            request_deserializer=buffer_pb2.AckRequest.FromString,
+            response_serializer=buffer_pb2.AckResponse.SerializeToString,
+        ),
+        "Nack": unary(
+            servicer.Nack,
+            request_deserializer=buffer_pb2.NackRequest.FromString,
+            response_serializer=buffer_pb2.NackResponse.SerializeToString,
+        ),
+        "Stats": unary(
+            servicer.Stats,
+            request_deserializer=buffer_pb2.StatsRequest.FromString,
+            response_serializer=buffer_pb2.StatsResponse.SerializeToString,
+        ),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
+
+
 def registration(core: BufferCore) -> tuple:
     """The (add_fn, servicer, name) triple `start_server` takes."""
-    return (buffer_pb2_grpc.add_BufferServiceServicer_to_server, BufferServicer(core), SERVICE_NAME)
+    return (add_to_server, BufferServicer(core), SERVICE_NAME)
