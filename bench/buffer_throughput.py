@@ -64,6 +64,8 @@ def start_service(redis_url: str, workdir: Path) -> tuple[subprocess.Popen, int]
         [sys.executable, "-m", "services.buffer", "--config", str(config), "--port-file", str(port_file)],
         cwd=ROOT,
         env=env,
+        stdout=open(workdir / "buffer.log", "w"),  # noqa: SIM115 - lives as long as the process
+        stderr=subprocess.STDOUT,
     )
     deadline = time.monotonic() + 60
     while not port_file.exists():

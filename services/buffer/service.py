@@ -12,6 +12,7 @@ from prometheus_client import REGISTRY
 from services.buffer import memory_store, redis_store  # noqa: F401 - register the stores
 from services.buffer.core import BufferCore, CoreSettings
 from services.buffer.metrics import BufferCollector
+from services.buffer.replay_store import ReplayStore
 from services.buffer.servicer import registration
 from services.buffer.store import STORES
 from services.buffer.validation import Limits
@@ -22,7 +23,23 @@ from services.common.rpc.server import Registration
 def build_core(config: RFTConfig) -> BufferCore:
     endpoint = config.services.buffer
     buffer = config.buffer.trainer_input.experience_buffer
-    store = STORES.get(endpoint.store)(endpoint, buffer)
+    replay = buffer.replay_buffer
+    if replay.enable:
+        if endpoint.store != "memory":
+            raise ValueError(
+                "buffer.trainer_input.experience_buffer.replay_buffer.enable needs services.buffer.store: memory"
+            )
+        args = replay.priority_fn_args
+        store = ReplayStore(
+            capacity=buffer.capacity,
+            priority_fn=replay.priority_fn,
+            decay=float(args.get("decay", 2.0)),
+            sigma=float(args.get("sigma", 0.0)),
+            reuse_cooldown_s=replay.reuse_cooldown_time,
+            use_count_limit=replay.use_count_limit,
+        )
+    else:
+        store = STORES.get(endpoint.store)(endpoint, buffer)
     settings = CoreSettings(
         on_full=endpoint.on_full,
         lease_ms=endpoint.lease_ms,
