@@ -1,0 +1,295 @@
+"""`TrainerCore`: the trainer's state machine and step loop, with no gRPC in sight.
+
+One step: lease `train_batch_size` experiences (whole groups) from the buffer -> collate -> the
+engine's step (log-probs, reward shaping, advantages, updates) -> commit (step counter and data
+position move on; a checkpoint is started when due) -> ack the lease -> metrics to the Monitor ->
+the sync hook ("after step N, maybe sync weights"; a no-op until a synchronizer is wired in).
+A failure before the commit gives the lease back (nack) so the batch is trained exactly once.
+
+States: STARTING (before `prepare`), READY (idle), TRAINING (a step in flight), STOPPED, FAILED.
+Calls made in the wrong state raise `PreconditionError`; bad arguments raise `InvalidRequest`
+naming the field.  The servicer maps them to FAILED_PRECONDITION / INVALID_ARGUMENT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import enum
+import time
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from services.common.experience import Experience
+from services.common.monitor import Monitor
+from services.trainer.checkpoint import find_latest
+from services.trainer.collate import collate
+from services.trainer.engine import TrainEngine
+from services.trainer.settings import TrainerSettings
+
+__all__ = [
+    "BatchSource",
+    "InvalidRequest",
+    "LeasedExperiences",
+    "NoSync",
+    "PreconditionError",
+    "StepResult",
+    "SyncHook",
+    "TrainerCore",
+    "TrainerState",
+]
+
+
+class PreconditionError(RuntimeError):
+    """The call is not allowed in the trainer's current state."""
+
+
+class InvalidRequest(ValueError):
+    """A request argument is out of range; `field` names it."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class NoBatchError(TimeoutError):
+    """No full batch arrived from the buffer within the wait."""
+
+
+class TrainerState(enum.Enum):
+    STARTING = "starting"
+    READY = "ready"
+    TRAINING = "training"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+class LeasedExperiences(Protocol):
+    lease_id: str
+    partial: bool
+
+    def decoded(self) -> list[Experience]: ...
+
+
+class BatchSource(Protocol):
+    """The consumer side of the buffer (`services.common.buffer_client.BufferClient` fits)."""
+
+    async def get_batch(
+        self, size: int, *, timeout_ms: int = ..., min_model_version: int = ..., lease_ms: int = ...
+    ) -> LeasedExperiences: ...
+
+    async def ack(self, lease_id: str) -> int: ...
+
+    async def nack(self, lease_id: str) -> int: ...
+
+
+class SyncHook(Protocol):
+    """Called after every committed step; returns metrics (e.g. `timing_s/sync_weights`)."""
+
+    async def after_step(self, step: int) -> Mapping[str, float]: ...
+
+
+class NoSync:
+    """The default hook: weights move only when someone calls SyncWeights."""
+
+    async def after_step(self, step: int) -> Mapping[str, float]:
+        return {}
+
+
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+    step: int
+    metrics: dict[str, float]
+    continue_training: bool
+
+
+class TrainerCore:
+    """Drives a `TrainEngine` from rank 0.  Engine calls run in a thread, one at a time."""
+
+    def __init__(
+        self,
+        settings: TrainerSettings,
+        engine: TrainEngine,
+        source: BatchSource | None,
+        monitor: Monitor | None = None,
+        sync_hook: SyncHook | None = None,
+        max_staleness: int | None = None,
+    ):
+        self.settings = settings
+        self.engine = engine
+        self.source = source
+        self.monitor = monitor
+        self.sync_hook: SyncHook = sync_hook or NoSync()
+        self.max_staleness = max_staleness
+        self.state = TrainerState.STARTING
+        self.global_step = 0
+        self.consumed_samples = 0
+        self.model_version = 0
+        self.last_checkpoint = ""
+        self.last_metrics: dict[str, float] = {}
+        self._lock = asyncio.Lock()
+        self._saved_step = -1
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    async def prepare(self) -> None:
+        """Resume from the latest checkpoint when `continue_from_checkpoint` and one exists."""
+        if self.state is not TrainerState.STARTING:
+            raise PreconditionError(f"prepare() called in state {self.state.value}")
+        folder = find_latest(self.settings.job_dir) if self.settings.resume else None
+        if folder is not None:
+            async with self._lock:
+                state = await asyncio.to_thread(self.engine.load_checkpoint, str(folder))
+            self.global_step = int(state["global_step"])
+            self.consumed_samples = int(state.get("consumed_samples", 0))
+            self.model_version = int(state.get("model_version", self.global_step))
+            self.last_checkpoint = str(folder)
+            self._saved_step = self.global_step
+        self.state = TrainerState.READY
+
+    @property
+    def finished(self) -> bool:
+        total = self.settings.total_steps
+        return total is not None and self.global_step >= total
+
+    def _require(self, *states: TrainerState) -> None:
+        if self.state not in states:
+            allowed = ", ".join(s.value for s in states)
+            raise PreconditionError(f"trainer is {self.state.value}; this needs {allowed}")
+
+    # ---- the step -----------------------------------------------------------------------------
+    async def train_step(self, timeout_ms: int = 60_000) -> StepResult:
+        """Lease a batch, train on it, commit, ack.  Raises `NoBatchError` if none came in time."""
+        if timeout_ms < 0:
+            raise InvalidRequest("timeout_ms", f"{timeout_ms} must be >= 0")
+        self._require(TrainerState.READY)
+        if self.source is None:
+            raise PreconditionError("trainer has no buffer to lease batches from")
+        if self.finished:
+            return StepResult(self.global_step, {}, False)
+        async with self._lock:
+            self._require(TrainerState.READY)
+            self.state = TrainerState.TRAINING
+            try:
+                return await self._step_locked(timeout_ms)
+            finally:
+                if self.state is TrainerState.TRAINING:
+                    self.state = TrainerState.READY
+
+    async def _step_locked(self, timeout_ms: int) -> StepResult:
+        assert self.source is not None
+        size = self.settings.train_batch_size
+        t0 = time.perf_counter()
+        min_version = max(0, self.model_version - self.max_staleness) if self.max_staleness is not None else 0
+        leased = await self.source.get_batch(size, timeout_ms=timeout_ms, min_model_version=min_version)
+        experiences = leased.decoded() if leased.lease_id else []
+        if len(experiences) < size:
+            if leased.lease_id:
+                await self.source.nack(leased.lease_id)
+            raise NoBatchError(
+                f"only {len(experiences)} of {size} experiences arrived within {timeout_ms} ms"
+            )
+        t1 = time.perf_counter()
+        try:
+            step_batch = collate(experiences, self.engine.pad_token_id)
+            metrics = await asyncio.to_thread(self.engine.train_step, step_batch)
+        except BaseException:
+            await self.source.nack(leased.lease_id)
+            self.state = TrainerState.FAILED
+            raise
+        # commit: the weights moved, so do the step counter and the data position
+        self.global_step += 1
+        self.model_version = self.global_step
+        self.consumed_samples += len(experiences)
+        t2 = time.perf_counter()
+        if self._save_due():
+            await self._save_locked(block=False, save_as_hf=self._hf_due())
+        await self.source.ack(leased.lease_id)
+        t3 = time.perf_counter()
+        metrics = dict(metrics) | {
+            "timing_s/read_experience": t1 - t0,
+            "timing_s/train_step": t2 - t1,
+            "timing_s/save_checkpoint": t3 - t2,
+            "timing_s/step": t3 - t0,
+            "sample/model_version/mean": sum(e.model_version for e in experiences) / len(experiences),
+            "sample/task_count": float(len({e.eid.group_id for e in experiences})),
+        }
+        metrics |= dict(await self.sync_hook.after_step(self.global_step))
+        self.last_metrics = metrics
+        if self.monitor is not None:
+            self.monitor.log(metrics, self.global_step)
+        return StepResult(self.global_step, metrics, not self.finished)
+
+    def _save_due(self) -> bool:
+        s = self.settings
+        return self.finished or bool(s.save_interval and self.global_step % s.save_interval == 0)
+
+    def _hf_due(self) -> bool:
+        policy = self.settings.save_hf_checkpoint
+        return policy == "always" or (policy == "last" and self.finished)
+
+    # ---- checkpoints --------------------------------------------------------------------------
+    def trainer_state(self) -> dict[str, Any]:
+        return {
+            "global_step": self.global_step,
+            "consumed_samples": self.consumed_samples,
+            "model_version": self.model_version,
+            "world_size": self.engine.world_size,
+        }
+
+    async def _save_locked(self, block: bool, save_as_hf: bool) -> tuple[str, str]:
+        path = await asyncio.to_thread(
+            self.engine.save_checkpoint, self.global_step, self.trainer_state(), save_as_hf, block
+        )
+        self._saved_step = self.global_step
+        self.last_checkpoint = path
+        return path, (f"{path}/huggingface" if save_as_hf else "")
+
+    async def save_checkpoint(
+        self, block_until_saved: bool = False, save_as_hf: bool = False
+    ) -> tuple[int, str, str]:
+        """Save `global_step_<step>` now (unless this step is saved already, then only wait/export)."""
+        self._require(TrainerState.READY)
+        async with self._lock:
+            if self._saved_step == self.global_step and not save_as_hf:
+                if block_until_saved:
+                    await asyncio.to_thread(self.engine.wait_for_save)
+                return self.global_step, self.last_checkpoint, ""
+            path, hf = await self._save_locked(block_until_saved, save_as_hf)
+            return self.global_step, path, hf
+
+    async def wait_for_save(self) -> None:
+        async with self._lock:
+            await asyncio.to_thread(self.engine.wait_for_save)
+
+    # ---- whole run and shutdown ---------------------------------------------------------------
+    async def run(self, timeout_ms: int = 60_000, stop: asyncio.Event | None = None) -> int:
+        """Train until `total_steps` (or `stop`); returns the last step."""
+        while not self.finished and not (stop is not None and stop.is_set()):
+            try:
+                await self.train_step(timeout_ms)
+            except NoBatchError:
+                continue
+        return self.global_step
+
+    async def shutdown(self, wait_for_save: bool = True) -> None:
+        """Flush pending saves (when asked), release the worker ranks and stop."""
+        if self.state is TrainerState.STOPPED:
+            return
+        async with self._lock:
+            if wait_for_save:
+                await asyncio.to_thread(self.engine.wait_for_save)
+            self.state = TrainerState.STOPPED
+            await asyncio.to_thread(self.engine.close)
+            if self.monitor is not None:
+                self.monitor.close()
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "state": self.state,
+            "step": self.global_step,
+            "total_steps": self.settings.total_steps or 0,
+            "model_version": self.model_version,
+            "world_size": self.engine.world_size,
+            "last_checkpoint": self.last_checkpoint,
+            "last_metrics": dict(self.last_metrics),
+        }

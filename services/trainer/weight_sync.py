@@ -1,0 +1,152 @@
+"""The trainer's side of weight sync, on top of `services.common.weight_sync`.
+
+- `get_info(receivers)`: tensor metadata of the policy (HF names, gathered once from the FSDP2
+  shards) and a fresh rendezvous on rank 0 (`NcclTransport.prepare`), generation + 1.
+- `setup(group)`: rank 0 joins the broadcast group it handed out (blocks until every receiver joins).
+- `teardown(generation)`: leaves the group.
+- `sync(method)`: gathers the full state dict (a collective over the trainer ranks) and sends it:
+  `nccl` bucketed broadcast to the group, `memory` safetensors chunks pushed to the synchronizer
+  (`push` callback, `PushWeights`), `checkpoint` a published safetensors file under
+  `<job_dir>/state_dicts/`.  The version sent is the trainer's current `model_version`.
+
+All engine work is serialised with the core's lock, so a sync never overlaps a step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from collections.abc import Awaitable, Callable, Sequence
+
+from rft.v1 import common_pb2
+
+from services.common.weight_sync import (
+    GroupInfo,
+    TensorSpec,
+    TransportOptions,
+    WeightSyncError,
+    make_transport,
+    specs_of,
+)
+from services.trainer.core import InvalidRequest, PreconditionError, TrainerCore, TrainerState
+
+__all__ = ["SyncResult", "WeightSync"]
+
+METHODS = ("nccl", "memory", "checkpoint")
+PushFn = Callable[[Sequence[common_pb2.WeightChunk]], Awaitable[None]]
+
+
+@dataclasses.dataclass(frozen=True)
+class SyncResult:
+    version: int
+    step: int
+    checkpoint_path: str
+    seconds: float
+    nbytes: int
+
+
+class WeightSync:
+    """Weight-sync state of one trainer: at most one broadcast group at a time."""
+
+    def __init__(
+        self,
+        core: TrainerCore,
+        *,
+        method: str = "nccl",
+        options: TransportOptions | None = None,
+        push: PushFn | None = None,
+    ):
+        self.core = core
+        self.method = method
+        self.options = options or TransportOptions(checkpoint_dir=str(core.settings.job_dir / "state_dicts"))
+        self.push = push
+        self.nccl = make_transport("nccl", self.options)
+        self.generation = 0
+        self.offered: GroupInfo | None = None
+        self.joined: GroupInfo | None = None
+        self._specs: tuple[TensorSpec, ...] | None = None
+
+    def _ready(self) -> None:
+        if self.core.state not in (TrainerState.READY, TrainerState.TRAINING):
+            raise PreconditionError(
+                f"trainer is {self.core.state.value}; weight sync needs a running trainer"
+            )
+
+    async def _gather(self) -> dict:
+        async with self.core._lock:
+            return dict(await asyncio.to_thread(lambda: dict(self.core.engine.iter_state_dict())))
+
+    async def specs(self) -> tuple[TensorSpec, ...]:
+        if self._specs is None:
+            self._specs = tuple(specs_of(await self._gather()))
+        return self._specs
+
+    async def get_info(self, receivers: int) -> GroupInfo:
+        if receivers < 1:
+            raise InvalidRequest("receivers", f"{receivers} must be >= 1")
+        self._ready()
+        specs = await self.specs()
+        self.generation += 1
+        self.offered = self.nccl.prepare(specs, world_size=receivers + 1, generation=self.generation)
+        return self.offered
+
+    async def setup(self, group: common_pb2.WeightSyncGroupInfo) -> int:
+        self._ready()
+        if self.offered is None:
+            raise PreconditionError("call GetWeightSyncInfo before SetupWeightSyncGroup")
+        try:
+            info = GroupInfo.from_proto(group)
+        except ValueError as exc:
+            raise InvalidRequest("group", str(exc)) from exc
+        if (info.generation, info.master_port) != (self.offered.generation, self.offered.master_port):
+            raise PreconditionError(
+                f"group generation {info.generation} port {info.master_port} is not the one offered "
+                f"(generation {self.offered.generation} port {self.offered.master_port})"
+            )
+        await asyncio.to_thread(self.nccl.build_group, info, 0)
+        self.joined = info
+        return 0
+
+    async def teardown(self, generation: int) -> None:
+        if self.joined is None:
+            raise PreconditionError("no weight-sync group to tear down")
+        if generation and generation != self.joined.generation:
+            raise PreconditionError(f"generation {generation} is not the joined {self.joined.generation}")
+        await asyncio.to_thread(self.nccl.finalize)
+        self.joined = None
+
+    async def sync(self, method: str = "") -> SyncResult:
+        method = method or self.method
+        if method not in METHODS:
+            raise InvalidRequest("method", f"{method!r} is not one of {', '.join(METHODS)}")
+        self._ready()
+        if method == "nccl" and self.joined is None:
+            raise PreconditionError("nccl sync needs SetupWeightSyncGroup first")
+        if method == "memory" and self.push is None:
+            raise PreconditionError("memory sync needs a synchronizer to push to (services.synchronizer)")
+        start = time.perf_counter()
+        state = await self._gather()
+        version, step = self.core.model_version, self.core.global_step
+        nbytes = sum(t.numel() * t.element_size() for t in state.values())
+        path = ""
+        try:
+            if method == "nccl":
+                await asyncio.to_thread(self.nccl.send, version, state, step)
+            elif method == "memory":
+                delivery = make_transport("memory", self.options).send(version, state, step)
+                assert self.push is not None
+                await self.push(delivery.chunks)
+            else:
+                delivery = await asyncio.to_thread(
+                    make_transport("checkpoint", self.options).send, version, state, step
+                )
+                path = delivery.path
+        except WeightSyncError as exc:
+            raise PreconditionError(f"weight sync by {method} failed: {exc}") from exc
+        return SyncResult(version, step, path, time.perf_counter() - start, nbytes)
+
+    async def close(self) -> None:
+        if self.joined is not None:
+            await asyncio.to_thread(self.nccl.finalize)
+            self.joined = None
