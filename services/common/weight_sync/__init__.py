@@ -1,0 +1,65 @@
+"""Weight transfer from the trainer to the explorers: the transport layer under the synchronizer.
+
+Used by the trainer (sender), the explorers (receivers) and the synchronizer (coordination); it
+imports only torch, safetensors, `services.common` and `rft.v1`. Modules:
+
+- `specs`      `TensorSpec` (name, dtype, shape) <-> `rft.v1.TensorMeta`; `specs_of(state_dict)`.
+- `buckets`    byte-packed bucket plan shared by sender and receivers.
+- `group`      `GroupInfo` (<-> `rft.v1.WeightSyncGroupInfo`), stateless gloo/nccl group, `free_port`.
+- `broadcast`  `BroadcastGroup`: rank 0 `send`s bucketed buffers, receivers iterate `receive`.
+- `codec`      safetensors bytes with tied weights and zero-copy decoding.
+- `memory`     `state_dict_to_chunks` / `chunks_to_state_dict` (`rft.v1.WeightChunk`).
+- `checkpoint` `CheckpointStore`: atomic versioned files, `latest` marker, pruning.
+- `loading`    `load_weights(model, named_tensors)`: in place, dtype cast, tied weights.
+- `transport`  `WeightTransport` protocol (prepare, build_group, send, receive, finalize),
+               `WEIGHT_TRANSPORTS` registry (`nccl`, `memory`, `checkpoint`), `make_transport`.
+- `errors`     `WeightSyncError` and its subclasses.
+"""
+
+from services.common.weight_sync.broadcast import BroadcastGroup, SendStats
+from services.common.weight_sync.checkpoint import CheckpointStore, read_state_dict
+from services.common.weight_sync.errors import (
+    CheckpointNotFoundError,
+    GroupBrokenError,
+    MissingChunkError,
+    StaleGenerationError,
+    WeightSyncError,
+)
+from services.common.weight_sync.group import GroupInfo, free_port
+from services.common.weight_sync.loading import WeightLoadError, load_weights
+from services.common.weight_sync.memory import chunks_to_state_dict, state_dict_to_chunks
+from services.common.weight_sync.specs import TensorSpec, specs_from_proto, specs_of, specs_to_proto
+from services.common.weight_sync.transport import (
+    WEIGHT_TRANSPORTS,
+    Delivery,
+    TransportOptions,
+    WeightTransport,
+    make_transport,
+)
+
+__all__ = [
+    "WEIGHT_TRANSPORTS",
+    "BroadcastGroup",
+    "CheckpointNotFoundError",
+    "CheckpointStore",
+    "Delivery",
+    "GroupBrokenError",
+    "GroupInfo",
+    "MissingChunkError",
+    "SendStats",
+    "StaleGenerationError",
+    "TensorSpec",
+    "TransportOptions",
+    "WeightLoadError",
+    "WeightSyncError",
+    "WeightTransport",
+    "chunks_to_state_dict",
+    "free_port",
+    "load_weights",
+    "make_transport",
+    "read_state_dict",
+    "specs_from_proto",
+    "specs_of",
+    "specs_to_proto",
+    "state_dict_to_chunks",
+]

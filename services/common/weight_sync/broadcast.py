@@ -1,0 +1,212 @@
+"""Bucketed broadcast of named tensors from rank 0 to every receiver of a `Connection` (the nccl method).
+
+One `send` is, in order:
+1. a header broadcast (int64: magic, generation, version, spec fingerprint, bucket count, status), so
+   a receiver with other metadata or generation fails at once and the sender can abort cleanly;
+2. one broadcast per bucket (`buckets.py`); the sender packs bucket k+1 while bucket k is in flight,
+   and a receiver posts bucket k+1 before handing out the tensors of bucket k (double buffering);
+3. an all-reduce(MIN) acknowledgement: each receiver says whether it consumed every tensor, so the
+   sender returns only after all receivers hold the whole version, and learns if one failed.
+
+Receivers get `(name, tensor)` pairs in spec order, on the device they asked for; on the comm device
+the tensors are views into the received bucket (copy them or load them; `load_weights` copies).
+`receive` is a generator: consume it fully or close it - closing early drains the remaining buckets
+and acknowledges failure, so the other members never hang.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from services.common.weight_sync.buckets import Bucket, pack, plan_buckets, unpack
+from services.common.weight_sync.errors import GroupBrokenError, WeightSyncError
+from services.common.weight_sync.group import Connection, GroupInfo
+from services.common.weight_sync.specs import TensorSpec, fingerprint
+
+_MAGIC = 0x5246544D  # "RFTM"
+_OK, _ABORT = 1, 0
+
+
+@dataclass(frozen=True)
+class SendStats:
+    version: int
+    buckets: int
+    nbytes: int
+    seconds: float
+
+
+class BroadcastGroup:
+    """One member of a weight-broadcast group instance. Rank 0 sends; every other rank receives.
+
+    >>> group = BroadcastGroup.join(info, rank=0)              # trainer
+    >>> group.send(version, state_dict)                        # returns once all receivers acked
+    >>> group = BroadcastGroup.join(info, rank=r, device="cuda:0")  # each rollout worker
+    >>> load_weights(model, group.receive(version))
+    >>> group.close()                                          # teardown; join again with generation+1
+    """
+
+    def __init__(self, conn: Connection):
+        self._conn = conn
+        self.info: GroupInfo = conn.info
+        self.specs: tuple[TensorSpec, ...] = conn.info.specs
+        self._plan: list[Bucket] = plan_buckets(self.specs, conn.info.bucket_bytes)
+        self._fp = fingerprint(self.specs)
+        self._bufs: list[torch.Tensor] = []
+
+    @classmethod
+    def join(cls, info: GroupInfo, rank: int, device: str | torch.device = "cpu") -> BroadcastGroup:
+        """Join (rank 0: host) the group; blocks until all `world_size` members arrived or `timeout_s`."""
+        return cls(Connection.open(info, rank, device))
+
+    @property
+    def rank(self) -> int:
+        return self._conn.rank
+
+    @property
+    def generation(self) -> int:
+        return self.info.generation
+
+    @property
+    def broken(self) -> bool:
+        return self._conn.broken is not None
+
+    def __enter__(self) -> BroadcastGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._bufs = []
+        self._conn.close()
+
+    # ---- collectives -------------------------------------------------------------------------
+    def _bcast(self, tensor: torch.Tensor):
+        opts = dist.BroadcastOptions()
+        opts.rootRank = 0
+        return self._conn.pg.broadcast([tensor], opts)
+
+    def _header(self, version: int, status: int) -> torch.Tensor:
+        vals = [_MAGIC, self.generation, version, self._fp, len(self._plan), status]
+        return torch.tensor(vals, dtype=torch.int64, device=self._conn.device)
+
+    def _ack(self, ok: bool) -> bool:
+        flag = torch.tensor([1 if ok else 0], dtype=torch.int64, device=self._conn.device)
+        opts = dist.AllreduceOptions()
+        opts.reduceOp = dist.ReduceOp.MIN
+        self._conn.wait(self._conn.pg.allreduce([flag], opts), "acknowledgement")
+        return bool(flag.item() == 1)
+
+    def _buffer(self, slot: int) -> torch.Tensor:
+        if not self._bufs:
+            size = max((b.nbytes for b in self._plan if not b.solo), default=0)
+            self._bufs = [torch.empty(size, dtype=torch.uint8, device=self._conn.device) for _ in range(2)]
+        return self._bufs[slot]
+
+    # ---- sender ------------------------------------------------------------------------------
+    def send(
+        self, version: int, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
+    ) -> SendStats:
+        """Broadcast one version (rank 0 only). Tensors are matched to the specs by name; extra names
+        are ignored, missing ones or a dtype/shape mismatch abort the send (receivers raise too)."""
+        if self.rank != 0:
+            raise WeightSyncError(f"rank {self.rank} cannot send; only rank 0 broadcasts")
+        start = time.perf_counter()
+        table = dict(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
+        problems = [f"{s.name} missing" for s in self.specs if s.name not in table]
+        problems += [
+            f"{s.name}: got {table[s.name].dtype}{list(table[s.name].shape)}, spec {s}"
+            for s in self.specs
+            if s.name in table and not s.matches(table[s.name])
+        ]
+        conn = self._conn
+        if problems:
+            conn.wait(self._bcast(self._header(version, _ABORT)), "header")
+            raise WeightSyncError(
+                f"version {version} does not match the group's tensor specs: {'; '.join(problems[:5])}"
+            )
+        conn.wait(self._bcast(self._header(version, _OK)), "header")
+        work, nbytes = None, 0
+        for k, bucket in enumerate(self._plan):
+            if bucket.nbytes == 0:
+                continue
+            tensors = [table[s.spec.name].to(conn.device, non_blocking=True) for s in bucket.slots]
+            flat = pack(bucket, tensors, self._buffer(k % 2))
+            nbytes += bucket.nbytes
+            nxt = self._bcast(flat)
+            if work is not None:
+                conn.wait(work, "bucket broadcast")
+            work = nxt
+        if work is not None:
+            conn.wait(work, "bucket broadcast")
+        if not self._ack(True):
+            raise WeightSyncError(f"{conn.describe()}: a receiver failed to consume version {version}")
+        return SendStats(version, len(self._plan), nbytes, time.perf_counter() - start)
+
+    # ---- receiver ----------------------------------------------------------------------------
+    def receive(
+        self, version: int | None = None, device: str | torch.device | None = None
+    ) -> Iterator[tuple[str, torch.Tensor]]:
+        """Wait for rank 0's next send and return an iterator of `(name, tensor)` in spec order.
+
+        Rank > 0 only. The header is received here (so an abort or a mismatch raises at once); the
+        buckets arrive as the iterator is consumed. `version`, when given, must equal the sender's;
+        `device` defaults to the comm device.
+        """
+        if self.rank == 0:
+            raise WeightSyncError("rank 0 is the sender; it cannot receive")
+        conn = self._conn
+        out_device = torch.device(device) if device is not None else conn.device
+        header = self._header(-1, _OK)
+        conn.wait(self._bcast(header), "header")
+        magic, gen, sent_version, fp, n_buckets, status = header.tolist()
+        if status != _OK:
+            raise WeightSyncError(
+                f"{conn.describe()}: the sender aborted version {sent_version} (see its log)"
+            )
+        mismatch = None
+        if magic != _MAGIC or gen != self.generation:
+            mismatch = f"header magic/generation {magic:#x}/{gen} != {_MAGIC:#x}/{self.generation}"
+        elif fp != self._fp or n_buckets != len(self._plan):
+            mismatch = "the sender's tensor specs differ from this member's"
+        elif version is not None and sent_version != version:
+            mismatch = f"expected version {version}, the sender sends {sent_version}"
+        if mismatch:
+            conn.fail(mismatch)
+            self.close()  # peers see the connection drop instead of waiting for the timeout
+            raise GroupBrokenError(f"{conn.describe()}: {mismatch}")
+        return self._receive_buckets(out_device)
+
+    def _post(self, k: int):
+        bucket = self._plan[k]
+        flat = torch.empty(bucket.nbytes, dtype=torch.uint8, device=self._conn.device)
+        return bucket, flat, (self._bcast(flat) if bucket.nbytes else None)
+
+    def _receive_buckets(self, out_device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
+        conn, n = self._conn, len(self._plan)
+        pending = self._post(0) if n else None
+        k, done = 0, False
+        try:
+            while pending is not None:
+                bucket, flat, work = pending
+                if work is not None:
+                    conn.wait(work, "bucket broadcast")
+                pending = self._post(k + 1) if k + 1 < n else None
+                k += 1
+                for name, tensor in unpack(bucket, flat):
+                    yield name, tensor if tensor.device == out_device else tensor.to(out_device)
+            done = True
+        finally:
+            if not self.broken:
+                if not done:  # consumer stopped early: keep the collectives aligned, then say so
+                    while pending is not None:
+                        if pending[2] is not None:
+                            conn.wait(pending[2], "bucket broadcast")
+                        pending = self._post(k + 1) if k + 1 < n else None
+                        k += 1
+                self._ack(done)

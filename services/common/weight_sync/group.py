@@ -1,0 +1,207 @@
+"""A stateless torch.distributed group for the `nccl` weight-sync method: trainer rank 0 + every rollout worker.
+
+Why stateless: the trainer already runs a default process group (FSDP2 under torchrun) and an
+explorer may run several engines in one process, so this group must neither need nor touch
+`torch.distributed.init_process_group`. It is built from its own `TCPStore` (hosted by rank 0 on
+`master_address:master_port`) wrapped in a `PrefixStore` per generation, and a `ProcessGroupGloo`
+(CPU) or `ProcessGroupNCCL` (CUDA) object used directly - the pattern of vLLM's RLHF weight-sync
+examples. Nothing is registered globally, so any number of groups can come and go in one process.
+
+`GroupInfo` mirrors `rft.v1.WeightSyncGroupInfo`, which the synchronizer hands to every member.
+`generation` names one instance of the group: when an explorer joins or leaves, every member
+`close()`s and joins again with generation + 1 (a fresh port from `free_port()` or the same one).
+A member whose generation differs from rank 0's gets `StaleGenerationError`; a rank joined twice
+gets `WeightSyncError`. Every wait is bounded by `timeout_s`: a member that dies or stalls makes the
+others raise `GroupBrokenError`, never hang. The transfer protocol itself is in `broadcast.py`.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from rft.v1 import common_pb2
+
+from services.common.weight_sync.errors import GroupBrokenError, StaleGenerationError, WeightSyncError
+from services.common.weight_sync.specs import TensorSpec, specs_from_proto, specs_to_proto
+
+DEFAULT_BUCKET_BYTES = 64 << 20
+DEFAULT_GROUP_NAME = "rft_weight_sync"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (bind to port 0 and release it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    """Rendezvous of one broadcast-group instance; mirrors `rft.v1.WeightSyncGroupInfo` 1:1.
+
+    `backend`: `auto` (nccl when the member's device is CUDA, else gloo), `nccl` or `gloo`.
+    `specs` is the transfer order; both ends plan buckets of `bucket_bytes` from it.
+    """
+
+    master_address: str
+    master_port: int
+    world_size: int
+    specs: tuple[TensorSpec, ...] = ()
+    generation: int = 0
+    backend: str = "auto"
+    timeout_s: float = 3600.0
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    group_name: str = DEFAULT_GROUP_NAME
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "specs", tuple(self.specs))
+        if self.world_size < 2:
+            raise ValueError(f"world_size must be >= 2 (one sender, one receiver), got {self.world_size}")
+        if self.backend not in ("auto", "nccl", "gloo"):
+            raise ValueError(f"backend {self.backend!r} is not one of auto, nccl, gloo")
+        if self.timeout_s <= 0 or self.bucket_bytes <= 0:
+            raise ValueError("timeout_s and bucket_bytes must be positive")
+
+    def to_proto(self) -> common_pb2.WeightSyncGroupInfo:
+        return common_pb2.WeightSyncGroupInfo(
+            master_address=self.master_address,
+            master_port=self.master_port,
+            world_size=self.world_size,
+            group_name=self.group_name,
+            backend=self.backend,
+            timeout_s=max(1, round(self.timeout_s)),
+            tensors=specs_to_proto(self.specs),
+            bucket_bytes=self.bucket_bytes,
+            generation=self.generation,
+        )
+
+    @classmethod
+    def from_proto(cls, msg: common_pb2.WeightSyncGroupInfo) -> GroupInfo:
+        return cls(
+            master_address=msg.master_address,
+            master_port=msg.master_port,
+            world_size=msg.world_size,
+            specs=tuple(specs_from_proto(msg.tensors)),
+            generation=msg.generation,
+            backend=msg.backend or "auto",
+            timeout_s=float(msg.timeout_s or 3600),
+            bucket_bytes=msg.bucket_bytes or DEFAULT_BUCKET_BYTES,
+            group_name=msg.group_name or DEFAULT_GROUP_NAME,
+        )
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    if backend == "auto":
+        return "nccl" if device.type == "cuda" else "gloo"
+    if backend == "nccl" and device.type != "cuda":
+        raise ValueError(f"backend nccl needs a CUDA device, got {device}")
+    return backend
+
+
+class Connection:
+    """A joined group instance: the process-group object, this member's rank and the comm device.
+
+    Build with `Connection.open(info, rank, device)`; use `BroadcastGroup` (broadcast.py) for
+    transfers. After any failure `broken` is set and every later call raises `GroupBrokenError`.
+    """
+
+    def __init__(self, info: GroupInfo, rank: int, device: torch.device, backend: str, store, pg):
+        self.info, self.rank, self.device, self.backend = info, rank, device, backend
+        self._store, self._pg = store, pg
+        self.broken: str | None = None
+
+    @classmethod
+    def open(cls, info: GroupInfo, rank: int, device: str | torch.device = "cpu") -> Connection:
+        if not 0 <= rank < info.world_size:
+            raise ValueError(f"rank {rank} is outside world_size {info.world_size}")
+        dev = torch.device(device)
+        backend = resolve_backend(info.backend, dev)
+        if backend == "nccl":
+            if dev.index is None:
+                dev = torch.device("cuda", torch.cuda.current_device())
+            torch.cuda.set_device(dev)
+        else:
+            dev = torch.device("cpu")
+        timeout = timedelta(seconds=info.timeout_s)
+        where = f"{info.group_name} generation {info.generation} at {info.master_address}:{info.master_port}"
+        try:
+            store = dist.TCPStore(
+                info.master_address,
+                info.master_port,
+                info.world_size,
+                is_master=rank == 0,
+                timeout=timeout,
+                wait_for_workers=False,
+            )
+            gen_key = f"{info.group_name}/generation"
+            if rank == 0:
+                store.set(gen_key, str(info.generation))
+            else:
+                found = int(store.get(gen_key).decode())
+                if found != info.generation:
+                    raise StaleGenerationError(
+                        f"member rank {rank} expects generation {info.generation} of {info.group_name} "
+                        f"but {info.master_address}:{info.master_port} hosts generation {found}"
+                    )
+            prefix = dist.PrefixStore(f"{info.group_name}/g{info.generation}", store)
+            if prefix.add(f"rank{rank}", 1) != 1:
+                raise WeightSyncError(f"rank {rank} joined {where} twice")
+            if backend == "nccl":
+                opts = dist.ProcessGroupNCCL.Options()
+                opts._timeout = timeout
+                pg = dist.ProcessGroupNCCL(prefix, rank, info.world_size, opts)
+            else:
+                pg = dist.ProcessGroupGloo(prefix, rank, info.world_size, timeout)
+        except WeightSyncError:
+            raise
+        except (RuntimeError, ValueError) as exc:  # DistStoreError / DistNetworkError are RuntimeErrors
+            raise GroupBrokenError(
+                f"rank {rank} could not join {where} within {info.timeout_s:g}s: {exc}"
+            ) from exc
+        return cls(info, rank, dev, backend, store, pg)
+
+    @property
+    def pg(self):
+        if self.broken is not None:
+            raise GroupBrokenError(
+                f"{self.describe()} is broken ({self.broken}); rebuild it with a new generation"
+            )
+        if self._pg is None:
+            raise WeightSyncError(f"{self.describe()} is closed")
+        return self._pg
+
+    def describe(self) -> str:
+        i = self.info
+        return f"weight-sync group {i.group_name} gen {i.generation} ({self.backend}, rank {self.rank}/{i.world_size})"
+
+    def wait(self, work, what: str) -> None:
+        """Wait for one collective; any failure marks the group broken and raises `GroupBrokenError`."""
+        try:
+            work.wait(timedelta(seconds=self.info.timeout_s))
+        except Exception as exc:  # gloo raises RuntimeError/DistBackendError with varied messages
+            self.fail(f"{what} failed: {exc}")
+            raise GroupBrokenError(
+                f"{self.describe()}: {what} failed (a member died, stalled past {self.info.timeout_s:g}s "
+                f"or aborted): {exc}"
+            ) from exc
+
+    def fail(self, reason: str) -> None:
+        if self.broken is None:
+            self.broken = reason
+
+    def close(self) -> None:
+        """Leave the group (idempotent). Rank 0 also stops hosting the store."""
+        pg, self._pg, self._store = self._pg, None, None
+        if pg is not None:
+            try:
+                if self.broken is not None and hasattr(pg, "abort"):
+                    pg.abort()
+                else:
+                    pg.shutdown()
+            except Exception:  # noqa: BLE001 - teardown of a dead group must not mask the real error
+                pass

@@ -1,0 +1,123 @@
+"""The `memory` method's wire format: a state dict as safetensors bytes cut into `rft.v1.WeightChunk`s.
+
+The trainer encodes once (`state_dict_to_chunks`) and streams the chunks to the synchronizer over
+gRPC; the synchronizer keeps the latest version's chunks as they are (no re-encoding) and streams
+them to each explorer, which rebuilds the state dict (`chunks_to_state_dict`). Chunks default to
+1 MiB, well under gRPC's 4 MiB receive limit. Any language that reads safetensors can pull weights.
+
+Copies: encoding makes the safetensors payload once and each chunk's `bytes` once (protobuf needs
+`bytes`); decoding joins the chunks into one preallocated `bytearray` and views the tensors out of
+it (see `codec.py`). Every chunk carries `index`, `total`, `total_bytes` and the version, so the
+receiver detects a missing, repeated, reordered or mixed-version chunk and raises
+`MissingChunkError` naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+
+import torch
+from rft.v1 import common_pb2
+
+from services.common.weight_sync.codec import decode_state_dict, encode_state_dict
+from services.common.weight_sync.errors import MissingChunkError
+
+DEFAULT_CHUNK_BYTES = 1 << 20
+
+
+def _model_version(version: int | common_pb2.ModelVersion, step: int | None) -> common_pb2.ModelVersion:
+    if isinstance(version, common_pb2.ModelVersion):
+        return version
+    return common_pb2.ModelVersion(version=version, step=version if step is None else step)
+
+
+def split_chunks(
+    payload: bytes,
+    version: int | common_pb2.ModelVersion,
+    *,
+    step: int | None = None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> Iterator[common_pb2.WeightChunk]:
+    """Cut `payload` into `WeightChunk`s of at most `chunk_bytes` (at least one chunk, even if empty)."""
+    if chunk_bytes <= 0:
+        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+    mv = memoryview(payload)
+    total_bytes = len(mv)
+    total = max(1, -(-total_bytes // chunk_bytes))
+    mver = _model_version(version, step)
+    for i in range(total):
+        yield common_pb2.WeightChunk(
+            version=mver,
+            index=i,
+            total=total,
+            data=bytes(mv[i * chunk_bytes : (i + 1) * chunk_bytes]),
+            total_bytes=total_bytes,
+        )
+
+
+def join_chunks(chunks: Iterable[common_pb2.WeightChunk]) -> tuple[common_pb2.ModelVersion, bytearray]:
+    """Check order and completeness and join the data into one `bytearray`; returns (version, payload)."""
+    buf: bytearray | None = None
+    first: common_pb2.WeightChunk | None = None
+    pos = expected = 0
+    for chunk in chunks:
+        if first is None:
+            first = chunk
+            if chunk.total < 1 or chunk.total_bytes < 0:
+                raise MissingChunkError(
+                    f"chunk 0 declares total={chunk.total}, total_bytes={chunk.total_bytes}"
+                )
+            buf = bytearray(chunk.total_bytes)
+        where = f"version {first.version.version}"
+        if (
+            chunk.version != first.version
+            or chunk.total != first.total
+            or chunk.total_bytes != first.total_bytes
+        ):
+            raise MissingChunkError(
+                f"chunk {chunk.index} (version {chunk.version.version}, total {chunk.total}) does not belong "
+                f"to the stream of {where} (total {first.total})"
+            )
+        if chunk.index != expected:
+            what = "missing" if chunk.index > expected else "repeated or out of order"
+            raise MissingChunkError(
+                f"{where}: expected chunk {expected} of {first.total}, got {chunk.index} ({what})"
+            )
+        n = len(chunk.data)
+        if pos + n > len(buf):
+            raise MissingChunkError(f"{where}: chunk {chunk.index} overflows total_bytes {first.total_bytes}")
+        buf[pos : pos + n] = chunk.data
+        pos += n
+        expected += 1
+    if first is None:
+        raise MissingChunkError("empty chunk stream: no chunk arrived")
+    if expected != first.total:
+        raise MissingChunkError(
+            f"version {first.version.version}: stream ended after {expected} of {first.total} chunks "
+            f"(chunk {expected} is missing)"
+        )
+    if pos != first.total_bytes:
+        raise MissingChunkError(
+            f"version {first.version.version}: got {pos} bytes, expected {first.total_bytes}"
+        )
+    return first.version, buf
+
+
+def state_dict_to_chunks(
+    state_dict: Mapping[str, torch.Tensor],
+    version: int | common_pb2.ModelVersion,
+    *,
+    step: int | None = None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> list[common_pb2.WeightChunk]:
+    """Encode a state dict (any device, tied weights allowed) into the chunks of one version."""
+    return list(split_chunks(encode_state_dict(state_dict), version, step=step, chunk_bytes=chunk_bytes))
+
+
+def chunks_to_state_dict(
+    chunks: Iterable[common_pb2.WeightChunk], device: str | torch.device = "cpu"
+) -> tuple[common_pb2.ModelVersion, dict[str, torch.Tensor]]:
+    """The version and the state dict carried by a complete chunk stream."""
+    version, payload = join_chunks(chunks)
+    state_dict, _ = decode_state_dict(payload, device)
+    return version, state_dict

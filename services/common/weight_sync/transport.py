@@ -1,0 +1,207 @@
+"""One small interface over the three weight-sync methods, chosen by name (`synchronizer.sync_method`).
+
+Lifecycle, the same for every method (after veRL's checkpoint engine):
+    t = make_transport("nccl" | "memory" | "checkpoint", TransportOptions(...))
+    info = t.prepare(specs, world_size, generation)  # sender: rendezvous to hand out (nccl), else None
+    t.build_group(info, rank)                        # every member; nccl joins (rank 0 = sender)
+    delivery = t.send(version, state_dict)           # sender; returns what receivers need
+    load_weights(model, t.receive(delivery))         # each receiver, with the delivery it was handed
+    t.finalize()                                     # teardown; build_group again for a new generation
+
+`Delivery` is what crosses from sender to receivers through the synchronizer: for `nccl` only the
+version (the bytes go through the group, and `receive` must run while rank 0 sends); for `memory`
+the `rft.v1.WeightChunk`s (this module encodes and decodes in-process; the gRPC hop belongs to the
+synchronizer service); for `checkpoint` the published file's path (`ModelVersion.checkpoint_path`).
+Plug-ins register a class with `WEIGHT_TRANSPORTS.register("name")` or are given as a dotted path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+from rft.v1 import common_pb2
+
+from services.common.registry import Registry
+from services.common.weight_sync.broadcast import BroadcastGroup
+from services.common.weight_sync.checkpoint import CheckpointStore, read_state_dict
+from services.common.weight_sync.errors import WeightSyncError
+from services.common.weight_sync.group import DEFAULT_BUCKET_BYTES, GroupInfo, free_port
+from services.common.weight_sync.memory import DEFAULT_CHUNK_BYTES, chunks_to_state_dict, state_dict_to_chunks
+from services.common.weight_sync.specs import TensorSpec
+
+NamedTensors = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class TransportOptions:
+    """Settings of a transport; each method reads the fields it needs."""
+
+    device: str = "cpu"  # nccl comm device (cuda:N -> nccl backend) and device of received tensors
+    timeout_s: float = 3600.0  # synchronizer.sync_timeout
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES  # nccl
+    backend: str = "auto"  # nccl: auto | nccl | gloo
+    master_address: str = "127.0.0.1"  # nccl: address receivers reach rank 0 at
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES  # memory
+    checkpoint_dir: str | None = None  # checkpoint: the run's state-dict folder
+    keep: int = 2  # checkpoint: versions kept on disk
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One sent version, as the synchronizer hands it to each receiver."""
+
+    version: int
+    step: int = 0
+    path: str = ""  # checkpoint
+    chunks: tuple[common_pb2.WeightChunk, ...] = ()  # memory
+
+    def model_version(self) -> common_pb2.ModelVersion:
+        return common_pb2.ModelVersion(version=self.version, step=self.step, checkpoint_path=self.path)
+
+
+@runtime_checkable
+class WeightTransport(Protocol):
+    name: str
+
+    def prepare(
+        self, specs: Sequence[TensorSpec], world_size: int = 2, generation: int = 0
+    ) -> GroupInfo | None:
+        """Sender side: the rendezvous receivers need (nccl), or None."""
+        ...
+
+    def build_group(self, info: GroupInfo | None, rank: int) -> None:
+        """Join the transfer group as `rank` (0 = sender); rebuilds if `info.generation` changed."""
+        ...
+
+    def send(self, version: int, named_tensors: NamedTensors, step: int | None = None) -> Delivery: ...
+
+    def receive(self, delivery: Delivery) -> Iterator[tuple[str, torch.Tensor]]: ...
+
+    def finalize(self) -> None: ...
+
+
+WEIGHT_TRANSPORTS: Registry[type] = Registry("weight sync method")
+
+
+def make_transport(name: str, options: TransportOptions | None = None) -> WeightTransport:
+    """`make_transport("nccl", TransportOptions(device="cuda:0"))`; unknown names list the known ones."""
+    return WEIGHT_TRANSPORTS.get(name)(options or TransportOptions())
+
+
+def _step(version: int, step: int | None) -> int:
+    return version if step is None else step
+
+
+@WEIGHT_TRANSPORTS.register("nccl", "online")
+class NcclTransport:
+    """Broadcast through a stateless torch.distributed group (nccl on CUDA, gloo on CPU)."""
+
+    name = "nccl"
+
+    def __init__(self, options: TransportOptions):
+        self.options = options
+        self.group: BroadcastGroup | None = None
+
+    def prepare(self, specs: Sequence[TensorSpec], world_size: int = 2, generation: int = 0) -> GroupInfo:
+        o = self.options
+        return GroupInfo(
+            master_address=o.master_address,
+            master_port=free_port(o.master_address),
+            world_size=world_size,
+            specs=tuple(specs),
+            generation=generation,
+            backend=o.backend,
+            timeout_s=o.timeout_s,
+            bucket_bytes=o.bucket_bytes,
+        )
+
+    def build_group(self, info: GroupInfo | None, rank: int) -> None:
+        if info is None:
+            raise WeightSyncError("the nccl method needs a GroupInfo (from the sender's prepare)")
+        self.finalize()
+        self.group = BroadcastGroup.join(info, rank, self.options.device)
+
+    def _joined(self) -> BroadcastGroup:
+        if self.group is None:
+            raise WeightSyncError("build_group must be called before send/receive")
+        return self.group
+
+    def send(self, version: int, named_tensors: NamedTensors, step: int | None = None) -> Delivery:
+        self._joined().send(version, named_tensors)
+        return Delivery(version, _step(version, step))
+
+    def receive(self, delivery: Delivery) -> Iterator[tuple[str, torch.Tensor]]:
+        return self._joined().receive(delivery.version, self.options.device)
+
+    def finalize(self) -> None:
+        if self.group is not None:
+            self.group.close()
+            self.group = None
+
+
+@WEIGHT_TRANSPORTS.register("memory")
+class MemoryTransport:
+    """Safetensors chunks in memory; the synchronizer streams them over gRPC."""
+
+    name = "memory"
+
+    def __init__(self, options: TransportOptions):
+        self.options = options
+
+    def prepare(self, specs: Sequence[TensorSpec], world_size: int = 2, generation: int = 0) -> None:
+        return None
+
+    def build_group(self, info: GroupInfo | None, rank: int) -> None:
+        return None
+
+    def send(self, version: int, named_tensors: NamedTensors, step: int | None = None) -> Delivery:
+        sd = named_tensors if isinstance(named_tensors, Mapping) else dict(named_tensors)
+        chunks = state_dict_to_chunks(
+            sd, version, step=_step(version, step), chunk_bytes=self.options.chunk_bytes
+        )
+        return Delivery(version, _step(version, step), chunks=tuple(chunks))
+
+    def receive(self, delivery: Delivery) -> Iterator[tuple[str, torch.Tensor]]:
+        mv, sd = chunks_to_state_dict(delivery.chunks, self.options.device)
+        if mv.version != delivery.version:
+            raise WeightSyncError(f"chunks carry version {mv.version}, the delivery says {delivery.version}")
+        return iter(sd.items())
+
+    def finalize(self) -> None:
+        return None
+
+
+@WEIGHT_TRANSPORTS.register("checkpoint", "offline")
+class CheckpointTransport:
+    """Safetensors files under `checkpoint_dir`, published atomically (checkpoint.py)."""
+
+    name = "checkpoint"
+
+    def __init__(self, options: TransportOptions):
+        if not options.checkpoint_dir:
+            raise WeightSyncError("the checkpoint method needs TransportOptions.checkpoint_dir")
+        self.options = options
+        self.store = CheckpointStore(options.checkpoint_dir, keep=options.keep)
+
+    def prepare(self, specs: Sequence[TensorSpec], world_size: int = 2, generation: int = 0) -> None:
+        return None
+
+    def build_group(self, info: GroupInfo | None, rank: int) -> None:
+        return None
+
+    def send(self, version: int, named_tensors: NamedTensors, step: int | None = None) -> Delivery:
+        sd = named_tensors if isinstance(named_tensors, Mapping) else dict(named_tensors)
+        path = self.store.save(version, sd)
+        return Delivery(version, _step(version, step), path=str(path))
+
+    def receive(self, delivery: Delivery) -> Iterator[tuple[str, torch.Tensor]]:
+        if delivery.path:
+            return iter(read_state_dict(delivery.path, self.options.device).items())
+        _, sd = self.store.load(delivery.version, self.options.device)
+        return iter(sd.items())
+
+    def finalize(self) -> None:
+        return None
