@@ -47,7 +47,7 @@ class ValueModel(nn.Module):
     ) -> torch.Tensor:
         hidden = self.backbone(input_ids=input_ids, position_ids=position_ids, use_cache=False)
         states = hidden.last_hidden_state[0, positions]
-        return self.v_head(states).squeeze(-1).float()
+        return self.v_head(states).squeeze(-1).to(torch.float32, copy=True)
 
 
 def load_value_model(path: str, dtype: str = "float32", seed: int = 42) -> ValueModel:
