@@ -51,7 +51,8 @@ def load_weights(
 
     An unknown name or a shape mismatch raises `WeightLoadError` before that tensor is copied (a
     stream may already have loaded earlier ones). With `strict`, every parameter/persistent buffer
-    must be covered (one name of a tied group suffices), checked after the stream ends.
+    must be covered (one name of a tied group suffices), checked after the stream ends. When both
+    names of a tied pair arrive, both are copied into the one shared tensor (the last one wins).
     """
     targets, groups = _targets(model)
     items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
