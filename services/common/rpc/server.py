@@ -93,7 +93,8 @@ async def serve_until_signal(
     on_stop: Callable[[], Awaitable[None]] | None = None,
     stop_event: asyncio.Event | None = None,
 ) -> None:
-    """Run until SIGTERM/SIGINT (or `stop_event`), then run `on_stop` and stop gracefully."""
+    """Run until SIGTERM/SIGINT (or `stop_event`), then stop gracefully: health flips to NOT_SERVING,
+    in-flight RPCs get up to `grace` seconds, and only then `on_stop` closes what they were using."""
     loop = asyncio.get_running_loop()
     stop = stop_event or asyncio.Event()
     installed = []
@@ -104,14 +105,10 @@ async def serve_until_signal(
         except (NotImplementedError, RuntimeError):  # not the main thread / not supported
             pass
     try:
-        waiter = asyncio.ensure_future(stop.wait())
-        terminated = asyncio.ensure_future(handle.server.wait_for_termination())
-        await asyncio.wait({waiter, terminated}, return_when=asyncio.FIRST_COMPLETED)
-        waiter.cancel()
-        terminated.cancel()
+        await stop.wait()
+        await handle.stop(grace)
         if on_stop is not None:
             await on_stop()
-        await handle.stop(grace)
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)
