@@ -1,0 +1,339 @@
+"""The explorer core: explore steps, evaluation, bench mode, weights and status. No gRPC in here.
+
+An explore step takes `buffer.batch_size` tasks, runs their workflows concurrently on the rollout
+engines (`runner_per_model` runners per engine), stamps the experiences (group id per task, explorer
+id, step), streams them to the sink, logs `rollout/*` and `time/*` metrics and saves the position so a
+restarted explorer resumes after the last finished step. Before each step the sync gate may hold it
+(the synchronizer's plan). Eval tasksets run every `explorer.eval_interval` steps and on startup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from services.common.config import RFTConfig, resolve
+from services.common.experience import Experience, ExperienceId
+from services.common.log import get_logger
+from services.common.monitor import Monitor
+from services.explorer.engines.base import RolloutEngine
+from services.explorer.metrics import eval_metrics, rollout_metrics
+from services.explorer.model_wrapper import ModelWrapper
+from services.explorer.runner import TaskResult, WorkflowRunner
+from services.explorer.scheduler import TaskScheduler, all_tasks, open_tasksets
+from services.explorer.sink import ExperienceSink
+from services.explorer.sync import NeverWait, SyncGate
+from services.explorer.tasks import Task
+from services.explorer.workflows import requires_ground_truth
+
+log = get_logger("explorer.core")
+
+
+@dataclass
+class StepResult:
+    step: int
+    experiences: int
+    metrics: dict[str, float]
+
+
+class ExplorerCore:
+    def __init__(
+        self,
+        config: RFTConfig,
+        *,
+        engines: Sequence[RolloutEngine],
+        sink: ExperienceSink,
+        explorer_id: str,
+        auxiliary_models: Sequence[Any] = (),
+        gate: SyncGate | None = None,
+        monitor: Monitor | None = None,
+        shard: tuple[int, int] = (0, 1),
+    ):
+        if not engines:
+            raise ValueError("the explorer needs at least one rollout engine")
+        self.config = config
+        self.resolved = resolve(config)
+        self.engines = list(engines)
+        self.sink = sink
+        self.explorer_id = explorer_id
+        self.auxiliary_models = list(auxiliary_models)
+        self.gate = gate or NeverWait()
+        self.monitor = monitor
+        self.shard = shard
+        self.step = 0
+        self.status = "STARTING"
+        self.last_metrics: dict[str, float] = {}
+        self.exhausted = False
+        self._scheduler: TaskScheduler | None = None
+        self._eval_sets: list[Any] = []
+        self._next_engine = 0
+        self._slots = asyncio.Semaphore(config.explorer.runner_per_model * len(self.engines))
+        self._step_lock = asyncio.Lock()
+        self._stopping = False
+        self._evaluated = False
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def state_file(self) -> Path:
+        return self.resolved.job_dir / "explorer" / f"{self.explorer_id}.json"
+
+    @property
+    def model_version(self) -> int:
+        return min(e.model_version for e in self.engines)
+
+    async def start(self) -> None:
+        """Open the tasksets (and restore the saved position when resuming)."""
+        need = requires_ground_truth
+        train = self.resolved.tasksets
+        self._scheduler = TaskScheduler(
+            await asyncio.to_thread(
+                open_tasksets, self.resolved, train, is_eval=False, needs_response=need, shard=self.shard
+            )
+        )
+        evals = self.config.buffer.explorer_input.eval_tasksets
+        self._eval_sets = await asyncio.to_thread(
+            open_tasksets, self.resolved, evals, is_eval=True, needs_response=need
+        )
+        if self.config.continue_from_checkpoint and self.state_file.is_file():
+            state = json.loads(self.state_file.read_text())
+            self.step = int(state["step"])
+            self._scheduler.load_state(state["scheduler"])
+            log.info("resumed", explorer=self.explorer_id, step=self.step)
+        self.status = "RUNNING"
+
+    def _save_state(self) -> None:
+        assert self._scheduler is not None
+        self.state_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"step": self.step, "scheduler": self._scheduler.state()}))
+        os.replace(tmp, self.state_file)
+
+    def _done(self) -> bool:
+        total = self.config.buffer.total_steps
+        return self._stopping or self.exhausted or (total is not None and self.step >= total)
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self.status = "STOPPED"
+
+    # ------------------------------------------------------------------ running tasks
+    def _model(self) -> ModelWrapper:
+        engine = self.engines[self._next_engine % len(self.engines)]
+        self._next_engine += 1
+        m = self.config.model
+        return ModelWrapper(
+            engine,
+            loop=asyncio.get_running_loop(),
+            max_prompt_tokens=m.max_prompt_tokens,
+            enable_prompt_truncation=m.enable_prompt_truncation,
+            chat_template=m.custom_chat_template,
+            enable_thinking=m.enable_thinking,
+        )
+
+    async def _run_task(self, task: Task) -> TaskResult:
+        async with self._slots:
+            model = self._model()
+            if task.format.chat_template or task.format.enable_thinking is not None:
+                model.chat_template = task.format.chat_template or model.chat_template
+                if task.format.enable_thinking is not None:
+                    model.enable_thinking = task.format.enable_thinking
+            runner = WorkflowRunner(
+                model,
+                auxiliary_models=self.auxiliary_models,
+                timeout_s=self.config.explorer.max_timeout,
+                max_retry_times=self.config.explorer.max_retry_times,
+            )
+            return await runner.run(task)
+
+    def _stamp(self, result: TaskResult, step: int, batch_id: str) -> list[Experience]:
+        task = result.task
+        group = f"{self.explorer_id}/{batch_id}/{task.task_id}/e{task.epoch}"
+        out = []
+        single = len(result.runs) == 1
+        for run_index, run in enumerate(result.runs):
+            for j, exp in enumerate(run):
+                exp.eid = ExperienceId(
+                    batch_id=batch_id,
+                    task_id=task.task_id,
+                    run_id=j if single else run_index,
+                    step=step,
+                    suffix="" if single or len(run) == 1 else str(j),
+                    group_id=group,
+                    explorer_id=self.explorer_id,
+                )
+                exp.info.setdefault("taskset", task.taskset)
+                out.append(exp)
+        return out
+
+    def _engine_totals(self) -> tuple[float, float]:
+        stats = [e.stats() for e in self.engines]
+        return sum(s.get("generated_tokens", 0.0) for s in stats), sum(
+            s.get("generate_seconds", 0.0) for s in stats
+        )
+
+    # ------------------------------------------------------------------ explore
+    async def explore_step(self) -> StepResult | None:
+        """One explore step; None when the data or `total_steps` is used up (or stop was asked)."""
+        assert self._scheduler is not None, "call start() first"
+        async with self._step_lock:
+            if self._done():
+                return None
+            step = self.step + 1
+            t0 = time.perf_counter()
+            self.status = "WAITING_SYNC"
+            await self.gate.before_step(step, self.model_version)
+            self.status = "RUNNING"
+            t_wait = time.perf_counter() - t0
+            tasks = self._scheduler.next_batch(self.config.buffer.batch_size)
+            if not tasks:
+                self.exhausted = True
+                return None
+            tokens0, gen0 = self._engine_totals()
+            t1 = time.perf_counter()
+            results = await asyncio.gather(*(self._run_task(t) for t in tasks))
+            t_run = time.perf_counter() - t1
+            experiences = [e for r in results if r.ok for e in self._stamp(r, step, str(step))]
+            t2 = time.perf_counter()
+            if experiences:
+                await self.sink.put(experiences)
+            t_put = time.perf_counter() - t2
+            self.step = step
+            tokens1, gen1 = self._engine_totals()
+            metrics = rollout_metrics(results)
+            metrics.setdefault("rollout/model_version", float(self.model_version))
+            metrics["rollout/generated_tokens"] = tokens1 - tokens0
+            metrics["rollout/tokens_per_s"] = (tokens1 - tokens0) / max(t_run, 1e-9)
+            if gen1 > gen0:
+                metrics["rollout/engine_tokens_per_s"] = (tokens1 - tokens0) / (gen1 - gen0)
+            metrics["rollout/bad_rows"] = float(self._scheduler.bad_rows)
+            metrics.update(
+                {
+                    "time/wait_explore_step": t_wait,
+                    "time/run_execution": t_run,
+                    "time/put_experiences": t_put,
+                    "time/explore_step": time.perf_counter() - t0,
+                }
+            )
+            self._save_state()
+            self._log(metrics, step)
+            if self._scheduler.exhausted:
+                self.exhausted = True
+        interval = self.config.explorer.eval_interval
+        if self._eval_sets and interval and step % interval == 0:
+            await self.eval()
+        return StepResult(step=step, experiences=len(experiences), metrics=metrics)
+
+    async def explore(self, steps: int = 0) -> list[StepResult]:
+        """Run `steps` explore steps (0 or less: until done); evaluate on startup first if asked."""
+        if (
+            self.step == 0
+            and self.config.explorer.eval_on_startup
+            and self._eval_sets
+            and not self._evaluated
+        ):
+            await self.eval()
+        out: list[StepResult] = []
+        while steps <= 0 or len(out) < steps:
+            result = await self.explore_step()
+            if result is None:
+                break
+            out.append(result)
+        return out
+
+    # ------------------------------------------------------------------ eval and bench
+    async def eval(
+        self, names: Iterable[str] = (), prefix: str = "eval", step: int | None = None
+    ) -> dict[str, float]:
+        """Evaluate the eval tasksets (all, or those named) with the current weights; nothing is sent."""
+        self._evaluated = True
+        wanted = set(names)
+        unknown = wanted - {ts.name for ts, _ in self._eval_sets}
+        if unknown:
+            raise KeyError(f"no eval taskset named {', '.join(sorted(unknown))}")
+        t0 = time.perf_counter()
+        metrics: dict[str, float] = {}
+        for ts, factory in self._eval_sets:
+            if wanted and ts.name not in wanted:
+                continue
+            tasks = all_tasks(ts, factory)
+            results = await asyncio.gather(*(self._run_task(t) for t in tasks))
+            metrics.update(eval_metrics(ts.name, results, prefix=prefix))
+        metrics[f"time/{prefix}"] = time.perf_counter() - t0
+        self._log(metrics, self.step if step is None else step)
+        return metrics
+
+    async def bench(
+        self, checkpoints: Sequence[tuple[int, str]], include_base: bool = True
+    ) -> dict[int, dict[str, float]]:
+        """Evaluate the current weights (step 0) and every (step, HF folder) checkpoint, as `bench/...`."""
+        from services.explorer.engines.weights import read_safetensors_folder
+
+        out: dict[int, dict[str, float]] = {}
+        if include_base:
+            out[0] = await self.eval(prefix="bench", step=0)
+        for step, folder in checkpoints:
+            named = await asyncio.to_thread(read_safetensors_folder, folder)
+            await self.load_weights(named, version=step)
+            out[step] = await self.eval(prefix="bench", step=step)
+        return out
+
+    # ------------------------------------------------------------------ weights and status
+    async def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Load the same weights into every engine (between batches) and record the new version."""
+        named = list(named_tensors)
+        self.status = "SYNCING"
+        try:
+            for engine in self.engines:
+                await engine.load_weights(named, version)
+        finally:
+            self.status = "RUNNING" if not self._stopping else "STOPPED"
+        self.gate.notify_version(version)
+        log.info("weights loaded", version=version, tensors=len(named))
+
+    def status_info(self) -> Mapping[str, Any]:
+        return {
+            "explorer_id": self.explorer_id,
+            "status": self.status,
+            "step": self.step,
+            "model_version": self.model_version,
+            "rollout_workers": len(self.engines),
+            "last_metrics": dict(self.last_metrics),
+            "exhausted": self.exhausted,
+        }
+
+    def _log(self, metrics: Mapping[str, float], step: int) -> None:
+        self.last_metrics = dict(metrics)
+        if self.monitor is not None:
+            self.monitor.log(metrics, step)
+
+    async def close(self) -> None:
+        await self.stop()
+        await self.sink.close()
+        for engine in self.engines:
+            await engine.close()
+        if self.monitor is not None:
+            self.monitor.close()
+
+
+def find_checkpoints(job_dir: Path, latest_only: bool = False) -> list[tuple[int, str]]:
+    """(step, folder) of every `global_step_N` holding an HF export (`huggingface/` or safetensors)."""
+    found = []
+    for d in Path(job_dir).glob("global_step_*"):
+        try:
+            step = int(d.name.rsplit("_", 1)[1])
+        except ValueError:
+            continue
+        for cand in (d / "huggingface", d / "actor" / "huggingface", d):
+            if any(cand.glob("*.safetensors")):
+                found.append((step, str(cand)))
+                break
+    found.sort()
+    return found[-1:] if latest_only else found
