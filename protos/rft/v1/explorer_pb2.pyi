@@ -85,6 +85,26 @@ class LoadWeightsResponse(_message.Message):
     bytes: int
     def __init__(self, version: _Optional[_Union[_common_pb2.ModelVersion, _Mapping]] = ..., bytes: _Optional[int] = ...) -> None: ...
 
+class ExplorerReceiveWeightsRequest(_message.Message):
+    __slots__ = ("version",)
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    def __init__(self, version: _Optional[int] = ...) -> None: ...
+
+class BenchRequest(_message.Message):
+    __slots__ = ("latest_only", "skip_base")
+    LATEST_ONLY_FIELD_NUMBER: _ClassVar[int]
+    SKIP_BASE_FIELD_NUMBER: _ClassVar[int]
+    latest_only: bool
+    skip_base: bool
+    def __init__(self, latest_only: _Optional[bool] = ..., skip_base: _Optional[bool] = ...) -> None: ...
+
+class BenchResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[EvalResponse]
+    def __init__(self, results: _Optional[_Iterable[_Union[EvalResponse, _Mapping]]] = ...) -> None: ...
+
 class ExplorerStatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -60,6 +60,16 @@ class ExplorerServiceStub:
                 request_serializer=rft_dot_v1_dot_common__pb2.WeightChunk.SerializeToString,
                 response_deserializer=rft_dot_v1_dot_explorer__pb2.LoadWeightsResponse.FromString,
                 _registered_method=True)
+        self.ReceiveWeights = channel.unary_unary(
+                '/rft.v1.ExplorerService/ReceiveWeights',
+                request_serializer=rft_dot_v1_dot_explorer__pb2.ExplorerReceiveWeightsRequest.SerializeToString,
+                response_deserializer=rft_dot_v1_dot_explorer__pb2.LoadWeightsResponse.FromString,
+                _registered_method=True)
+        self.Bench = channel.unary_unary(
+                '/rft.v1.ExplorerService/Bench',
+                request_serializer=rft_dot_v1_dot_explorer__pb2.BenchRequest.SerializeToString,
+                response_deserializer=rft_dot_v1_dot_explorer__pb2.BenchResponse.FromString,
+                _registered_method=True)
         self.Status = channel.unary_unary(
                 '/rft.v1.ExplorerService/Status',
                 request_serializer=rft_dot_v1_dot_explorer__pb2.ExplorerStatusRequest.SerializeToString,
@@ -109,6 +119,21 @@ class ExplorerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReceiveWeights(self, request, context):
+        """Receive the next broadcast of the weight-sync group joined with SetupWeightSyncGroup and load it
+        (called while the trainer's rank 0 sends that version).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Bench(self, request, context):
+        """Bench mode: evaluate the current weights and the run's saved checkpoints.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Status(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -148,6 +173,16 @@ def add_ExplorerServiceServicer_to_server(servicer, server):
                     servicer.LoadWeights,
                     request_deserializer=rft_dot_v1_dot_common__pb2.WeightChunk.FromString,
                     response_serializer=rft_dot_v1_dot_explorer__pb2.LoadWeightsResponse.SerializeToString,
+            ),
+            'ReceiveWeights': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReceiveWeights,
+                    request_deserializer=rft_dot_v1_dot_explorer__pb2.ExplorerReceiveWeightsRequest.FromString,
+                    response_serializer=rft_dot_v1_dot_explorer__pb2.LoadWeightsResponse.SerializeToString,
+            ),
+            'Bench': grpc.unary_unary_rpc_method_handler(
+                    servicer.Bench,
+                    request_deserializer=rft_dot_v1_dot_explorer__pb2.BenchRequest.FromString,
+                    response_serializer=rft_dot_v1_dot_explorer__pb2.BenchResponse.SerializeToString,
             ),
             'Status': grpc.unary_unary_rpc_method_handler(
                     servicer.Status,
@@ -295,6 +330,60 @@ class ExplorerService:
             '/rft.v1.ExplorerService/LoadWeights',
             rft_dot_v1_dot_common__pb2.WeightChunk.SerializeToString,
             rft_dot_v1_dot_explorer__pb2.LoadWeightsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReceiveWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rft.v1.ExplorerService/ReceiveWeights',
+            rft_dot_v1_dot_explorer__pb2.ExplorerReceiveWeightsRequest.SerializeToString,
+            rft_dot_v1_dot_explorer__pb2.LoadWeightsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Bench(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rft.v1.ExplorerService/Bench',
+            rft_dot_v1_dot_explorer__pb2.BenchRequest.SerializeToString,
+            rft_dot_v1_dot_explorer__pb2.BenchResponse.FromString,
             options,
             channel_credentials,
             insecure,
