@@ -18,9 +18,9 @@ from typing import Any
 import torch
 
 from services.common.modeling import load_model, load_tokenizer, resolve_dtype
+from services.common.weight_sync import load_weights
 from services.explorer.engines.base import GenerationOutput, SamplingParams, per_prompt_params
 from services.explorer.engines.hf_generate import HFGenerator, Row
-from services.explorer.engines.weights import copy_named_tensors
 
 
 class HFEngine:
@@ -149,12 +149,18 @@ class HFEngine:
         self._stats["batches"] += 1
         return outputs
 
-    async def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        await asyncio.to_thread(self.load_weights_sync, named_tensors, version)
+    async def load_weights(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, strict: bool = True
+    ) -> None:
+        """Copy the tensors in (between batches; a stream is consumed as it arrives) and set the version.
+        `strict`: every parameter must be covered."""
+        await asyncio.to_thread(self.load_weights_sync, named_tensors, version, strict)
 
-    def load_weights_sync(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+    def load_weights_sync(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, strict: bool = True
+    ) -> None:
         with self._lock:
-            copy_named_tensors(self.model, named_tensors)
+            load_weights(self.model, named_tensors, strict=strict)
             self._version = int(version)
 
     async def close(self) -> None:

@@ -8,9 +8,9 @@ import asyncio
 import pytest
 import torch
 
+from services.common.weight_sync import WeightLoadError
 from services.explorer.engines.base import SamplingParams
 from services.explorer.engines.hf import HFEngine
-from services.explorer.engines.weights import WeightLoadError
 
 
 def _prompts(engine: HFEngine) -> list[list[int]]:
@@ -135,6 +135,6 @@ async def test_load_weights_changes_outputs_and_version(tiny_model_dir):
     after = (await engine.generate([prompt], params))[0][0]
     assert after.model_version == 3 and engine.model_version == 3
     assert torch.equal(dict(engine.model.named_parameters())[named[0][0]], named[0][1])
-    with pytest.raises(WeightLoadError, match="no parameter"):
+    with pytest.raises(WeightLoadError, match="unknown tensor"):
         await engine.load_weights([("nope.weight", torch.zeros(1))], version=4)
     assert engine.model_version == 3
