@@ -74,6 +74,9 @@ class ExplorerConfig(Section):
     dynamic_timeout: DynamicTimeoutConfig = DynamicTimeoutConfig()
     service_status_check_interval: float = Field(60, gt=0)
     min_running_model_num: int = Field(1, ge=1)
+    # Start exploring (bench mode: benchmarking) as soon as the service is up, instead of waiting for
+    # Explore/Bench RPCs; the service stops itself when done.
+    auto_start: bool = False
 
     @field_validator("auxiliary_models")
     @classmethod
