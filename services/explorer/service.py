@@ -1,0 +1,134 @@
+"""Assembles an explorer from the run config: its id and shard, the rollout engines, auxiliary models,
+the sink (the buffer service; nothing is sent in bench mode), the monitor, the core and the servicer —
+what `service_main` serves. With `explorer.auto_start` it also starts exploring (or benchmarking) and
+stops the service when done.
+
+Several explorers can run at once: each needs its own id (`--explorer-id`, `RFT_EXPLORER_ID`, else
+`explorer.name`) and, to split the tasksets, a shard `i/n` (`--shard`, `RFT_EXPLORER_SHARD`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Awaitable, Callable, Sequence
+
+from services.common.buffer_client import BufferClient
+from services.common.config import RFTConfig, resolve
+from services.common.log import get_logger
+from services.common.monitor import build_monitor
+from services.common.rpc import create_channel
+from services.common.rpc.server import Registration
+from services.explorer.auxiliary import build_auxiliary_models
+from services.explorer.core import ExplorerCore, find_checkpoints
+from services.explorer.engines import build_engines
+from services.explorer.servicer import ExplorerServicer, registration
+from services.explorer.sink import BufferSink, ExperienceSink, MemorySink
+
+log = get_logger("explorer")
+
+
+def parse_shard(text: str | None) -> tuple[int, int]:
+    if not text:
+        return (0, 1)
+    try:
+        index, count = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise ValueError(f"shard {text!r} must look like i/n, e.g. 0/2") from None
+    if not 0 <= index < count:
+        raise ValueError(f"shard {text!r}: need 0 <= i < n")
+    return index, count
+
+
+def explorer_identity(config: RFTConfig, explorer_id: str | None = None, shard: str | None = None):
+    ident = explorer_id or os.environ.get("RFT_EXPLORER_ID") or config.explorer.name
+    return ident, parse_shard(shard or os.environ.get("RFT_EXPLORER_SHARD"))
+
+
+async def build_core(
+    config: RFTConfig,
+    *,
+    explorer_id: str | None = None,
+    shard: str | None = None,
+    sink: ExperienceSink | None = None,
+) -> ExplorerCore:
+    ident, parts = explorer_identity(config, explorer_id, shard)
+    resolved = resolve(config)
+    rollout = config.explorer.rollout_model
+    model_path = rollout.model_path or config.model.model_path
+    engines = await asyncio.to_thread(build_engines, rollout, model_path)
+    aux = await asyncio.to_thread(build_auxiliary_models, config.explorer.auxiliary_models)
+    if sink is None:
+        if config.mode == "bench":
+            sink = MemorySink()
+        else:
+            s = config.services
+            channel = create_channel(
+                s.buffer.target, auth_token=s.auth_token, tls=s.tls, timeout_s=s.rpc_timeout,
+                max_message_bytes=s.max_message_bytes,
+            )  # fmt: skip
+            client = BufferClient(channel, producer_id=ident, timeout_s=s.rpc_timeout)
+            sink = BufferSink(
+                client,
+                vocab_size=engines[0].vocab_size,
+                max_batch_experiences=s.buffer.max_batch_experiences,
+            )
+    metrics_file = "explorer.jsonl" if ident == config.explorer.name else f"explorer_{ident}.jsonl"
+    monitor = build_monitor(
+        config.monitor.monitor_type,
+        project=config.project,
+        run_name=resolved.explorer_run_name,
+        job_dir=resolved.job_dir,
+        metrics_file=metrics_file,
+        args=config.monitor.monitor_args,
+    )
+    core = ExplorerCore(
+        config,
+        engines=engines,
+        sink=sink,
+        explorer_id=ident,
+        auxiliary_models=aux,
+        monitor=monitor,
+        shard=parts,
+    )
+    await core.start()
+    return core
+
+
+def _stop_process() -> None:
+    """Ask `service_main` to stop gracefully (its SIGTERM handler drains RPCs and closes)."""
+    asyncio.get_running_loop().call_soon(signal.raise_signal, signal.SIGTERM)
+
+
+async def _auto_run(core: ExplorerCore) -> None:
+    try:
+        if core.config.mode == "bench":
+            found = find_checkpoints(core.resolved.job_dir, core.config.explorer.bench_on_latest_checkpoint)
+            await core.bench(found)
+        else:
+            await core.explore()
+        log.info("done", step=core.step)
+    except Exception:
+        core.status = "FAILED"
+        log.exception("explorer failed")
+    _stop_process()
+
+
+def make_build(explorer_id: str | None = None, shard: str | None = None):
+    async def build(config: RFTConfig) -> tuple[Sequence[Registration], Callable[[], Awaitable[None]] | None]:
+        core = await build_core(config, explorer_id=explorer_id, shard=shard)
+        servicer = ExplorerServicer(core, on_shutdown=_stop_process)
+        runner: asyncio.Task[None] | None = None
+        if config.explorer.auto_start:
+            runner = asyncio.get_running_loop().create_task(_auto_run(core))
+
+        async def close() -> None:
+            await core.stop()
+            if runner is not None and not runner.done():
+                runner.cancel()
+            await core.close()
+
+        return [registration(servicer)], close
+
+    return build
