@@ -40,8 +40,14 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     raise ValueError(f"cannot find the decoder layers of {type(model).__name__}")
 
 
-def shard_model(model: nn.Module, info: DistInfo, *, reshard_after_forward: bool = True) -> nn.Module:
-    """`fully_shard` each decoder layer, then the root; returns the same (now FSDP) module."""
+def shard_model(model: nn.Module, info: DistInfo, *, reshard_after_forward: bool | None = None) -> nn.Module:
+    """`fully_shard` each decoder layer, then the root; returns the same (now FSDP) module.
+
+    `reshard_after_forward` defaults to True only with several ranks: with one rank resharding
+    saves no memory and would repeat the parameter all-gather in backward.
+    """
+    if reshard_after_forward is None:
+        reshard_after_forward = info.world_size > 1
     mesh = init_device_mesh(info.device.type, (info.world_size,))
     mp = (
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
