@@ -1,0 +1,71 @@
+"""A tiny gRPC health probe for orchestrators: `python -m services.common.healthcheck HOST:PORT`.
+
+Asks the standard `grpc.health.v1.Health/Check` of a running service (every RFT Mesh server has it,
+and it stays open when a bearer token is configured) and exits 0 when the answer is SERVING, 1 when
+it is anything else or the service cannot be reached within the deadline. It is what the compose
+healthchecks run inside each image, so it must not need anything the image lacks (no grpcurl, no
+grpc_health_probe binary):
+
+    healthcheck:
+      test: ["CMD", "python", "-m", "services.common.healthcheck", "127.0.0.1:50051"]
+
+With TLS on, pass the CA bundle (`--ca-file`, or `RFT_TLS_CA_FILE`) so the probe verifies the server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+
+
+def check(target: str, service: str = "", timeout_s: float = 3.0, ca_file: str | None = None) -> str:
+    """The health status name of `service` ("" = the whole server) at `target`, e.g. "SERVING".
+
+    Raises grpc.RpcError when the server cannot be reached or does not know `service`."""
+    if ca_file:
+        creds = grpc.ssl_channel_credentials(root_certificates=Path(ca_file).read_bytes())
+        channel = grpc.secure_channel(target, creds)
+    else:
+        channel = grpc.insecure_channel(target)
+    with channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m services.common.healthcheck",
+        description="Exit 0 when the gRPC health service at HOST:PORT answers SERVING, 1 otherwise.",
+    )
+    parser.add_argument("target", help="HOST:PORT of the service")
+    parser.add_argument("--service", default="", help="service name to check (default: the whole server)")
+    parser.add_argument("--timeout", type=float, default=3.0, help="deadline in seconds (default 3)")
+    parser.add_argument(
+        "--ca-file",
+        default=os.environ.get("RFT_TLS_CA_FILE") or None,
+        help="CA bundle to verify a TLS server (default: RFT_TLS_CA_FILE; plaintext when unset)",
+    )
+    args = parser.parse_args(argv)
+    try:
+        status = check(args.target, args.service, args.timeout, args.ca_file)
+    except grpc.RpcError as exc:
+        print(f"{args.target}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # unreadable CA file
+        print(f"{args.target}: {exc}", file=sys.stderr)
+        return 1
+    print(f"{args.target}: {status}")
+    return 0 if status == "SERVING" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
