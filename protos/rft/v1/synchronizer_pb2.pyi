@@ -18,7 +18,7 @@ MEMBER_ROLE_TRAINER: MemberRole
 MEMBER_ROLE_EXPLORER: MemberRole
 
 class Member(_message.Message):
-    __slots__ = ("member_id", "role", "status", "step", "model_version", "address", "workers", "last_heartbeat_ms")
+    __slots__ = ("member_id", "role", "status", "step", "model_version", "address", "workers", "last_heartbeat_ms", "weight_sync_port")
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +27,7 @@ class Member(_message.Message):
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     LAST_HEARTBEAT_MS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_SYNC_PORT_FIELD_NUMBER: _ClassVar[int]
     member_id: str
     role: MemberRole
     status: _common_pb2.MemberStatus
@@ -35,7 +36,8 @@ class Member(_message.Message):
     address: str
     workers: int
     last_heartbeat_ms: int
-    def __init__(self, member_id: _Optional[str] = ..., role: _Optional[_Union[MemberRole, str]] = ..., status: _Optional[_Union[_common_pb2.MemberStatus, str]] = ..., step: _Optional[int] = ..., model_version: _Optional[int] = ..., address: _Optional[str] = ..., workers: _Optional[int] = ..., last_heartbeat_ms: _Optional[int] = ...) -> None: ...
+    weight_sync_port: int
+    def __init__(self, member_id: _Optional[str] = ..., role: _Optional[_Union[MemberRole, str]] = ..., status: _Optional[_Union[_common_pb2.MemberStatus, str]] = ..., step: _Optional[int] = ..., model_version: _Optional[int] = ..., address: _Optional[str] = ..., workers: _Optional[int] = ..., last_heartbeat_ms: _Optional[int] = ..., weight_sync_port: _Optional[int] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
     __slots__ = ("member",)
@@ -64,19 +66,28 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, member_id: _Optional[str] = ..., status: _Optional[_Union[_common_pb2.MemberStatus, str]] = ..., step: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("model_version", "sync_pending")
+    __slots__ = ("model_version", "sync_pending", "generation")
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     SYNC_PENDING_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
     model_version: _common_pb2.ModelVersion
     sync_pending: bool
-    def __init__(self, model_version: _Optional[_Union[_common_pb2.ModelVersion, _Mapping]] = ..., sync_pending: _Optional[bool] = ...) -> None: ...
+    generation: int
+    def __init__(self, model_version: _Optional[_Union[_common_pb2.ModelVersion, _Mapping]] = ..., sync_pending: _Optional[bool] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class GetRunStateRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class RunState(_message.Message):
-    __slots__ = ("members", "model_version", "trainer_step", "explorer_step", "sync_method", "sync_style", "sync_interval", "sync_offset", "sync_in_progress", "finished")
+    __slots__ = ("members", "model_version", "trainer_step", "explorer_step", "sync_method", "sync_style", "sync_interval", "sync_offset", "sync_in_progress", "finished", "generation", "pending_version", "status_counts")
+    class StatusCountsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     TRAINER_STEP_FIELD_NUMBER: _ClassVar[int]
@@ -87,6 +98,9 @@ class RunState(_message.Message):
     SYNC_OFFSET_FIELD_NUMBER: _ClassVar[int]
     SYNC_IN_PROGRESS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    PENDING_VERSION_FIELD_NUMBER: _ClassVar[int]
+    STATUS_COUNTS_FIELD_NUMBER: _ClassVar[int]
     members: _containers.RepeatedCompositeFieldContainer[Member]
     model_version: _common_pb2.ModelVersion
     trainer_step: int
@@ -97,47 +111,70 @@ class RunState(_message.Message):
     sync_offset: int
     sync_in_progress: bool
     finished: bool
-    def __init__(self, members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., model_version: _Optional[_Union[_common_pb2.ModelVersion, _Mapping]] = ..., trainer_step: _Optional[int] = ..., explorer_step: _Optional[int] = ..., sync_method: _Optional[str] = ..., sync_style: _Optional[str] = ..., sync_interval: _Optional[int] = ..., sync_offset: _Optional[int] = ..., sync_in_progress: _Optional[bool] = ..., finished: _Optional[bool] = ...) -> None: ...
+    generation: int
+    pending_version: int
+    status_counts: _containers.ScalarMap[str, int]
+    def __init__(self, members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., model_version: _Optional[_Union[_common_pb2.ModelVersion, _Mapping]] = ..., trainer_step: _Optional[int] = ..., explorer_step: _Optional[int] = ..., sync_method: _Optional[str] = ..., sync_style: _Optional[str] = ..., sync_interval: _Optional[int] = ..., sync_offset: _Optional[int] = ..., sync_in_progress: _Optional[bool] = ..., finished: _Optional[bool] = ..., generation: _Optional[int] = ..., pending_version: _Optional[int] = ..., status_counts: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class RequestSyncRequest(_message.Message):
-    __slots__ = ("member_id", "step")
+    __slots__ = ("member_id", "step", "version", "timeout_ms")
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     member_id: str
     step: int
-    def __init__(self, member_id: _Optional[str] = ..., step: _Optional[int] = ...) -> None: ...
+    version: int
+    timeout_ms: int
+    def __init__(self, member_id: _Optional[str] = ..., step: _Optional[int] = ..., version: _Optional[int] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
 
 class RequestSyncResponse(_message.Message):
-    __slots__ = ("accepted", "model_version")
+    __slots__ = ("accepted", "model_version", "generation", "reason")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     accepted: bool
     model_version: _common_pb2.ModelVersion
-    def __init__(self, accepted: _Optional[bool] = ..., model_version: _Optional[_Union[_common_pb2.ModelVersion, _Mapping]] = ...) -> None: ...
+    generation: int
+    reason: str
+    def __init__(self, accepted: _Optional[bool] = ..., model_version: _Optional[_Union[_common_pb2.ModelVersion, _Mapping]] = ..., generation: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class WaitForVersionRequest(_message.Message):
-    __slots__ = ("member_id", "min_version", "timeout_ms")
+    __slots__ = ("member_id", "min_version", "timeout_ms", "step")
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     MIN_VERSION_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
     member_id: str
     min_version: int
     timeout_ms: int
-    def __init__(self, member_id: _Optional[str] = ..., min_version: _Optional[int] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+    step: int
+    def __init__(self, member_id: _Optional[str] = ..., min_version: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., step: _Optional[int] = ...) -> None: ...
 
 class WaitForVersionResponse(_message.Message):
-    __slots__ = ("model_version", "timed_out")
+    __slots__ = ("model_version", "timed_out", "required_version", "receive_broadcast", "generation", "sync_method")
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     TIMED_OUT_FIELD_NUMBER: _ClassVar[int]
+    REQUIRED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    RECEIVE_BROADCAST_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    SYNC_METHOD_FIELD_NUMBER: _ClassVar[int]
     model_version: _common_pb2.ModelVersion
     timed_out: bool
-    def __init__(self, model_version: _Optional[_Union[_common_pb2.ModelVersion, _Mapping]] = ..., timed_out: _Optional[bool] = ...) -> None: ...
+    required_version: int
+    receive_broadcast: bool
+    generation: int
+    sync_method: str
+    def __init__(self, model_version: _Optional[_Union[_common_pb2.ModelVersion, _Mapping]] = ..., timed_out: _Optional[bool] = ..., required_version: _Optional[int] = ..., receive_broadcast: _Optional[bool] = ..., generation: _Optional[int] = ..., sync_method: _Optional[str] = ...) -> None: ...
 
 class SyncGroupRequest(_message.Message):
-    __slots__ = ("member_id",)
+    __slots__ = ("member_id", "tensors")
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
     member_id: str
-    def __init__(self, member_id: _Optional[str] = ...) -> None: ...
+    tensors: _containers.RepeatedCompositeFieldContainer[_common_pb2.TensorMeta]
+    def __init__(self, member_id: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[_common_pb2.TensorMeta, _Mapping]]] = ...) -> None: ...
 
 class SyncGroupResponse(_message.Message):
     __slots__ = ("group", "ranks")
@@ -178,3 +215,25 @@ class SynchronizerShutdownRequest(_message.Message):
 class SynchronizerShutdownResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class ReportSyncRequest(_message.Message):
+    __slots__ = ("member_id", "version", "ok", "generation", "message")
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    member_id: str
+    version: int
+    ok: bool
+    generation: int
+    message: str
+    def __init__(self, member_id: _Optional[str] = ..., version: _Optional[int] = ..., ok: _Optional[bool] = ..., generation: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class ReportSyncResponse(_message.Message):
+    __slots__ = ("model_version", "generation")
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    model_version: _common_pb2.ModelVersion
+    generation: int
+    def __init__(self, model_version: _Optional[_Union[_common_pb2.ModelVersion, _Mapping]] = ..., generation: _Optional[int] = ...) -> None: ...

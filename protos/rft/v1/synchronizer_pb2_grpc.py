@@ -85,6 +85,11 @@ class SynchronizerServiceStub:
                 request_serializer=rft_dot_v1_dot_synchronizer__pb2.SynchronizerShutdownRequest.SerializeToString,
                 response_deserializer=rft_dot_v1_dot_synchronizer__pb2.SynchronizerShutdownResponse.FromString,
                 _registered_method=True)
+        self.ReportSync = channel.unary_unary(
+                '/rft.v1.SynchronizerService/ReportSync',
+                request_serializer=rft_dot_v1_dot_synchronizer__pb2.ReportSyncRequest.SerializeToString,
+                response_deserializer=rft_dot_v1_dot_synchronizer__pb2.ReportSyncResponse.FromString,
+                _registered_method=True)
 
 
 class SynchronizerServiceServicer:
@@ -157,6 +162,14 @@ class SynchronizerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportSync(self, request, context):
+        """The outcome of a transfer: the trainer's nccl broadcast finished (ok bumps model_version), or an
+        explorer loaded (or failed to load) a version. A failed broadcast makes a new group generation.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_SynchronizerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -209,6 +222,11 @@ def add_SynchronizerServiceServicer_to_server(servicer, server):
                     servicer.Shutdown,
                     request_deserializer=rft_dot_v1_dot_synchronizer__pb2.SynchronizerShutdownRequest.FromString,
                     response_serializer=rft_dot_v1_dot_synchronizer__pb2.SynchronizerShutdownResponse.SerializeToString,
+            ),
+            'ReportSync': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportSync,
+                    request_deserializer=rft_dot_v1_dot_synchronizer__pb2.ReportSyncRequest.FromString,
+                    response_serializer=rft_dot_v1_dot_synchronizer__pb2.ReportSyncResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -481,6 +499,33 @@ class SynchronizerService:
             '/rft.v1.SynchronizerService/Shutdown',
             rft_dot_v1_dot_synchronizer__pb2.SynchronizerShutdownRequest.SerializeToString,
             rft_dot_v1_dot_synchronizer__pb2.SynchronizerShutdownResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportSync(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rft.v1.SynchronizerService/ReportSync',
+            rft_dot_v1_dot_synchronizer__pb2.ReportSyncRequest.SerializeToString,
+            rft_dot_v1_dot_synchronizer__pb2.ReportSyncResponse.FromString,
             options,
             channel_credentials,
             insecure,
