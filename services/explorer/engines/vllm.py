@@ -1,0 +1,234 @@
+"""The `vllm` rollout engine: `engine_num` vLLM `AsyncLLM` engines of `tensor_parallel_size` GPUs each.
+
+vLLM is an optional extra (`pip install 'rft-mesh[vllm]'`, its own torch pin, GPU only); importing this
+module without it works, and building an engine then fails with a clear message. Requests go to the
+engine as token ids; log-probs are those of the sampled tokens under the processed (temperature, top-k,
+top-p) distribution (`logprobs_mode="processed_logprobs"`), the same contract as the `hf` engine.
+Weight updates go through a worker extension (`vllm_worker.WeightSyncExtension`, the pattern of vLLM's
+RLHF examples): every worker joins the weight-sync broadcast group with its own rank and loads the
+broadcast tensors, or loads tensors handed over by `load_weights`; the prefix cache is reset after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import time
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
+
+import torch
+
+from services.common.config import InferenceModelConfig
+from services.common.modeling import load_tokenizer
+from services.explorer.engines.base import GenerationOutput, SamplingParams, per_prompt_params
+
+WORKER_EXTENSION = "services.explorer.engines.vllm_worker.WeightSyncExtension"
+MISSING = (
+    "explorer.rollout_model.engine_type is 'vllm' but vLLM is not installed here; install the extra "
+    "(`pip install 'rft-mesh[vllm]'`, GPU machines only, it brings its own torch) or use engine_type: hf"
+)
+
+
+def _import_vllm() -> Any:
+    try:
+        import vllm
+    except ImportError as exc:
+        raise RuntimeError(f"{MISSING} ({exc})") from exc
+    return vllm
+
+
+@contextmanager
+def _visible_devices(devices: Sequence[int] | None):
+    """Workers spawned inside see only `devices` (one engine's GPUs)."""
+    if devices is None:
+        yield
+        return
+    old = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = old.split(",") if old else [str(i) for i in range(torch.cuda.device_count())]
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(visible[d] for d in devices)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = old
+
+
+class _UpdateGate:
+    """Many generations at once, or one weight update alone (new generations wait for the update)."""
+
+    def __init__(self) -> None:
+        self._cond = asyncio.Condition()
+        self._active = 0
+        self._updating = False
+
+    @asynccontextmanager
+    async def generating(self) -> AsyncIterator[None]:
+        async with self._cond:
+            await self._cond.wait_for(lambda: not self._updating)
+            self._active += 1
+        try:
+            yield
+        finally:
+            async with self._cond:
+                self._active -= 1
+                self._cond.notify_all()
+
+    @asynccontextmanager
+    async def updating(self) -> AsyncIterator[None]:
+        async with self._cond:
+            await self._cond.wait_for(lambda: not self._updating)
+            self._updating = True
+            await self._cond.wait_for(lambda: self._active == 0)
+        try:
+            yield
+        finally:
+            async with self._cond:
+                self._updating = False
+                self._cond.notify_all()
+
+
+class VLLMEngine:
+    """One vLLM AsyncLLM (`tensor_parallel_size` workers) behind the RolloutEngine contract."""
+
+    def __init__(
+        self, llm: Any, tokenizer: Any, *, name: str = "vllm", workers: int = 1, vocab_size: int = 0
+    ):
+        self.name = name
+        self.llm = llm
+        self.workers = workers
+        self._tokenizer = tokenizer
+        self._vocab_size = vocab_size or len(tokenizer)
+        self._version = 0
+        self._ids = itertools.count()
+        self._gate = _UpdateGate()
+        self._stats = {"generated_tokens": 0.0, "generate_seconds": 0.0, "requests": 0.0}
+
+    @classmethod
+    def from_config(cls, cfg: InferenceModelConfig, model_path: str, *, index: int = 0) -> VLLMEngine:
+        vllm = _import_vllm()
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        tp = cfg.tensor_parallel_size
+        args = vllm.AsyncEngineArgs(
+            model=model_path,
+            tensor_parallel_size=tp,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            enable_prefix_caching=cfg.enable_prefix_caching,
+            enable_chunked_prefill=cfg.enable_chunked_prefill,
+            enforce_eager=cfg.enforce_eager,
+            dtype="bfloat16" if cfg.dtype == "auto" else cfg.dtype,
+            seed=cfg.seed + index,
+            max_model_len=cfg.max_model_len,
+            worker_extension_cls=WORKER_EXTENSION,
+            logprobs_mode="processed_logprobs",
+        )
+        devices = (
+            list(range(index * tp, (index + 1) * tp))
+            if torch.cuda.device_count() >= (index + 1) * tp
+            else None
+        )
+        with _visible_devices(devices):
+            llm = AsyncLLM.from_engine_args(args)
+        tokenizer = load_tokenizer(model_path)
+        return cls(llm, tokenizer, name=f"vllm-{index}", workers=tp)
+
+    @property
+    def model_version(self) -> int:
+        return self._version
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    def stats(self) -> dict[str, float]:
+        return dict(self._stats)
+
+    @staticmethod
+    def sampling_params(p: SamplingParams) -> Any:
+        vllm = _import_vllm()
+        return vllm.SamplingParams(
+            n=p.n,
+            temperature=p.temperature,
+            top_p=p.top_p,
+            top_k=p.top_k if p.top_k > 0 else -1,
+            max_tokens=p.max_tokens,
+            min_tokens=p.min_tokens,
+            stop=list(p.stop) or None,
+            stop_token_ids=list(p.stop_token_ids) or None,
+            ignore_eos=p.ignore_eos,
+            logprobs=0,
+        )
+
+    async def _one(self, prompt: list[int], params: SamplingParams) -> list[GenerationOutput]:
+        from vllm.inputs import TokensPrompt
+
+        final = None
+        request_id = f"{self.name}-{next(self._ids)}"
+        async for out in self.llm.generate(
+            TokensPrompt(prompt_token_ids=prompt), self.sampling_params(params), request_id
+        ):
+            final = out
+        assert final is not None
+        version = self._version
+        results = []
+        for c in final.outputs:
+            ids = list(c.token_ids)
+            lps = [float(step[t].logprob) for step, t in zip(c.logprobs or [], ids, strict=False)]
+            results.append(
+                GenerationOutput(
+                    prompt_token_ids=prompt,
+                    token_ids=ids,
+                    logprobs=torch.tensor(lps, dtype=torch.float32),
+                    finish_reason="length" if c.finish_reason == "length" else "stop",
+                    text=c.text,
+                    model_version=version,
+                )
+            )
+        return results
+
+    async def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
+    ) -> list[list[GenerationOutput]]:
+        per = per_prompt_params(prompts, params)
+        async with self._gate.generating():  # never sample across a weight update
+            t0 = time.perf_counter()
+            outs = await asyncio.gather(
+                *(self._one([int(t) for t in p], sp) for p, sp in zip(prompts, per, strict=True))
+            )
+        self._stats["generate_seconds"] += time.perf_counter() - t0
+        self._stats["generated_tokens"] += sum(len(o.token_ids) for g in outs for o in g)
+        self._stats["requests"] += sum(len(g) for g in outs)
+        return outs
+
+    async def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        named = [(n, t.detach().cpu()) for n, t in named_tensors]
+        async with self._gate.updating():
+            await self.llm.collective_rpc("rft_load_named", args=(named,))
+            await self.llm.reset_prefix_cache()
+            self._version = int(version)
+
+    # weight-sync group (used by the explorer's WeightReceiver instead of an in-process group)
+    async def join_weight_group(self, info: Any, rank_offset: int) -> list[int]:
+        payload = info.to_proto().SerializeToString()
+        return list(await self.llm.collective_rpc("rft_join_group", args=(payload, rank_offset)))
+
+    async def receive_weights(self, version: int) -> None:
+        async with self._gate.updating():
+            await self.llm.collective_rpc("rft_receive", args=(version,))
+            await self.llm.reset_prefix_cache()
+            self._version = int(version)
+
+    async def leave_weight_group(self) -> None:
+        await self.llm.collective_rpc("rft_leave")
+
+    async def close(self) -> None:
+        self.llm.shutdown()
