@@ -45,4 +45,12 @@ if ! command -v redis-server >/dev/null 2>&1; then
     echo "[setup] WARNING: no apt-get; install redis-server yourself (Redis-store tests need it)" >&2
   fi
 fi
+# The Node.js example client (examples/clients/node): its pinned dependencies, when npm is here and they are
+# missing or older than the lock file (its integration test skips loudly without them).
+NODE_CLIENT=examples/clients/node
+if command -v npm >/dev/null 2>&1 && { [ ! -f "$NODE_CLIENT/node_modules/.package-lock.json" ] \
+    || [ "$NODE_CLIENT/package-lock.json" -nt "$NODE_CLIENT/node_modules/.package-lock.json" ]; }; then
+  echo "[setup] installing the Node.js client's dependencies (npm ci)"
+  npm ci --prefix "$NODE_CLIENT" --no-audit --no-fund --loglevel=error
+fi
 echo "[setup] done: $("$VENV/bin/python" -c 'import torch, transformers, grpc; print("torch", torch.__version__, "| transformers", transformers.__version__, "| grpcio", grpc.__version__)')"
