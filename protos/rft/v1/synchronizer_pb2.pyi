@@ -153,20 +153,22 @@ class WaitForVersionRequest(_message.Message):
     def __init__(self, member_id: _Optional[str] = ..., min_version: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., step: _Optional[int] = ...) -> None: ...
 
 class WaitForVersionResponse(_message.Message):
-    __slots__ = ("model_version", "timed_out", "required_version", "receive_broadcast", "generation", "sync_method")
+    __slots__ = ("model_version", "timed_out", "required_version", "receive_broadcast", "generation", "sync_method", "finished")
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     TIMED_OUT_FIELD_NUMBER: _ClassVar[int]
     REQUIRED_VERSION_FIELD_NUMBER: _ClassVar[int]
     RECEIVE_BROADCAST_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     SYNC_METHOD_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
     model_version: _common_pb2.ModelVersion
     timed_out: bool
     required_version: int
     receive_broadcast: bool
     generation: int
     sync_method: str
-    def __init__(self, model_version: _Optional[_Union[_common_pb2.ModelVersion, _Mapping]] = ..., timed_out: _Optional[bool] = ..., required_version: _Optional[int] = ..., receive_broadcast: _Optional[bool] = ..., generation: _Optional[int] = ..., sync_method: _Optional[str] = ...) -> None: ...
+    finished: bool
+    def __init__(self, model_version: _Optional[_Union[_common_pb2.ModelVersion, _Mapping]] = ..., timed_out: _Optional[bool] = ..., required_version: _Optional[int] = ..., receive_broadcast: _Optional[bool] = ..., generation: _Optional[int] = ..., sync_method: _Optional[str] = ..., finished: _Optional[bool] = ...) -> None: ...
 
 class SyncGroupRequest(_message.Message):
     __slots__ = ("member_id", "tensors")
