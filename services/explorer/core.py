@@ -79,6 +79,10 @@ class ExplorerCore:
         self._step_lock = asyncio.Lock()
         self._stopping = False
         self._evaluated = False
+        m = config.model
+        self._chat_template = m.custom_chat_template or (
+            Path(m.chat_template_path).read_text() if m.chat_template_path else None
+        )
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -134,7 +138,7 @@ class ExplorerCore:
             loop=asyncio.get_running_loop(),
             max_prompt_tokens=m.max_prompt_tokens,
             enable_prompt_truncation=m.enable_prompt_truncation,
-            chat_template=m.custom_chat_template,
+            chat_template=self._chat_template,
             enable_thinking=m.enable_thinking,
         )
 

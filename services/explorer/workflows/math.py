@@ -1,6 +1,7 @@
 """`math`: single-turn chat on the task's prompt, `repeat_times` samples in one engine call, each scored
 by a reward function from the shared rewards library (`math` via math-verify, `gsm8k`, `countdown`,
 `format`, or a plug-in `pkg.mod:fn`), or by the row's `data_source` (veRL's `default_compute_score`).
+With `format.prompt_type: plaintext` the prompt is the row's text as is (no chat template).
 
 `workflow_args.judge: true` scores with an auxiliary model instead (an LLM judge over an
 OpenAI-compatible API): it is asked for a score in [0, 1] and the first number of its reply is used.
@@ -55,7 +56,12 @@ class MathWorkflow(WorkflowBase):
     can_repeat = True
 
     async def run_async(self) -> list[Experience]:
-        exps = await self.model.chat_async(self.task.messages(), n=self.repeat_times, **self._sampling())
+        if self.task.format.prompt_type == "plaintext":
+            exps = await self.model.generate_async(
+                [self.task.prompt_text()], n=self.repeat_times, **self._sampling()
+            )
+        else:
+            exps = await self.model.chat_async(self.task.messages(), n=self.repeat_times, **self._sampling())
         threshold = float(self.args.get("correct_threshold", 1.0))
         for exp in exps:
             if self.args.get("judge"):

@@ -182,3 +182,13 @@ async def test_sync_plug_in_workflow_runs_in_a_thread():
     with pytest.raises(RuntimeError, match="event loop thread"):
         wrapper.generate(["x"])
     assert workflow_class("services.explorer.workflows.math:MathWorkflow").__name__ == "MathWorkflow"
+
+
+async def test_plaintext_prompt_type_skips_the_chat_template():
+    engine = ScriptedEngine(["#### 7"])
+    fmt = FormatConfig(
+        prompt_key="question", response_key="answer", prompt_type="plaintext", reply_prefix=" A:"
+    )
+    task = _task({"question": "3+4?", "answer": "7"}, reward_fn="gsm8k", format=fmt)
+    exps = (await WorkflowRunner(ModelWrapper(engine)).run(task)).experiences
+    assert engine.calls[0][0] == [ord(c) for c in "3+4? A:"] and exps[0].reward == 1.0
