@@ -1,0 +1,251 @@
+"""Client of the synchronizer service, used by the trainer and the explorers (async, deadlines on every call).
+
+    client = SyncClient.from_config(config, member_id="explorer-0", role="explorer", workers=1)
+    await client.register(); await client.start()       # heartbeat loop (explicit start/stop)
+    ...
+    await client.stop(); await client.close()
+
+Calls (one per RPC): `register`, `heartbeat`, `request_sync` (trainer, after a step: publish now?),
+`wait_for_version` (explorer, before a step: returns when it may run or must join a broadcast),
+`report_sync`, `push_weights`/`push_chunks` (memory: from a state dict via `state_dict_to_chunks`),
+`pull_weights` (memory: to a state dict via `chunks_to_state_dict`), `notify_checkpoint`,
+`get_run_state`, `get_weight_sync_info` (nccl rendezvous: `GroupInfo` and this member's ranks),
+`shutdown_run`. Unary calls use `timeout_s`; waits add their own timeout; weight streams use
+`sync_timeout_s`. The heartbeat loop registers again when the synchronizer answers NOT_FOUND (after
+it marked this member LOST or restarted). The hook adapters for the trainer and explorer cores
+are in `services.common.sync_hooks`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Literal
+
+import grpc
+import torch
+from rft.v1 import common_pb2, synchronizer_pb2, synchronizer_pb2_grpc
+
+from services.common.log import get_logger
+from services.common.rpc import create_channel
+from services.common.weight_sync import (
+    GroupInfo,
+    TensorSpec,
+    chunks_to_state_dict,
+    specs_to_proto,
+    state_dict_to_chunks,
+)
+
+log = get_logger("sync_client")
+
+ROLES = {"trainer": synchronizer_pb2.MEMBER_ROLE_TRAINER, "explorer": synchronizer_pb2.MEMBER_ROLE_EXPLORER}
+Status = common_pb2.MemberStatus
+
+
+class SyncWaitTimeout(TimeoutError):
+    """The synchronizer did not deliver the required version within the wait."""
+
+
+class RunFinished(RuntimeError):
+    """The run is over (the trainer stopped or the synchronizer was shut down)."""
+
+
+class SyncClient:
+    def __init__(
+        self,
+        channel: grpc.aio.Channel,
+        member_id: str,
+        role: Literal["trainer", "explorer"],
+        *,
+        address: str = "",
+        workers: int = 1,
+        weight_sync_port: int = 0,
+        timeout_s: float = 30.0,
+        sync_timeout_s: float = 3600.0,
+        owns_channel: bool = False,
+    ):
+        if role not in ROLES:
+            raise ValueError(f"role {role!r} is not one of {', '.join(ROLES)}")
+        self.stub = synchronizer_pb2_grpc.SynchronizerServiceStub(channel)
+        self.channel = channel
+        self.member_id, self.role = member_id, role
+        self.address, self.workers, self.weight_sync_port = address, workers, weight_sync_port
+        self.timeout_s, self.sync_timeout_s = timeout_s, sync_timeout_s
+        self.owns_channel = owns_channel
+        self.step = 0  # last finished step, sent with heartbeats
+        self.model_version = 0  # weights this member holds
+        self.heartbeat_timeout_s = 60.0
+        self.generation = 0  # last group generation the synchronizer announced
+        self.on_sync_pending: Callable[[], None] | None = None
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @classmethod
+    def from_config(
+        cls, config, member_id: str, role: Literal["trainer", "explorer"], **kwargs
+    ) -> SyncClient:
+        """A client on its own channel to `services.synchronizer` of an `RFTConfig`."""
+        svc = config.services
+        channel = create_channel(
+            svc.synchronizer.target, auth_token=svc.auth_token, tls=svc.tls, timeout_s=svc.rpc_timeout
+        )
+        kwargs.setdefault("timeout_s", svc.rpc_timeout)
+        kwargs.setdefault("sync_timeout_s", config.synchronizer.sync_timeout)
+        return cls(channel, member_id, role, owns_channel=True, **kwargs)
+
+    # ---- membership ----------------------------------------------------------------------------
+    async def register(
+        self, step: int | None = None, model_version: int | None = None
+    ) -> common_pb2.ModelVersion:
+        if step is not None:
+            self.step = step
+        if model_version is not None:
+            self.model_version = model_version
+        member = synchronizer_pb2.Member(
+            member_id=self.member_id, role=ROLES[self.role], status=Status.MEMBER_STATUS_RUNNING,
+            step=self.step, model_version=self.model_version, address=self.address, workers=self.workers,
+            weight_sync_port=self.weight_sync_port,
+        )  # fmt: skip
+        resp = await self.stub.Register(
+            synchronizer_pb2.RegisterRequest(member=member), timeout=self.timeout_s
+        )
+        self.heartbeat_timeout_s = float(resp.heartbeat_timeout_s or 60)
+        return resp.model_version
+
+    async def heartbeat(self, status: int = 0, step: int | None = None) -> synchronizer_pb2.HeartbeatResponse:
+        """One heartbeat (status 0 = unchanged; STOPPED/FAILED leave the run)."""
+        if step is not None:
+            self.step = step
+        req = synchronizer_pb2.HeartbeatRequest(member_id=self.member_id, status=status, step=self.step)
+        resp = await self.stub.Heartbeat(req, timeout=self.timeout_s)
+        self.generation = resp.generation
+        if resp.sync_pending and self.on_sync_pending is not None:
+            self.on_sync_pending()
+        return resp
+
+    report_step = heartbeat
+
+    async def start(self, interval_s: float | None = None) -> None:
+        """Start the heartbeat loop (every `heartbeat_timeout / 3` unless given). Call `register` first."""
+        if self._task is None:
+            self._stop.clear()
+            every = interval_s or self.heartbeat_timeout_s / 3
+            self._task = asyncio.get_running_loop().create_task(self._beat(every), name="sync-heartbeat")
+
+    async def _beat(self, every: float) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), every)
+                return
+            try:
+                await self.heartbeat()
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.NOT_FOUND:
+                    log.warning("synchronizer forgot this member; registering again", member=self.member_id)
+                    with contextlib.suppress(grpc.aio.AioRpcError):
+                        await self.register()
+                else:
+                    log.warning("heartbeat failed", member=self.member_id, code=exc.code().name)
+
+    async def stop(self, status: int = Status.MEMBER_STATUS_STOPPED) -> None:
+        """Stop the heartbeat loop and tell the synchronizer (status STOPPED by default; 0 = say nothing)."""
+        self._stop.set()
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        if status:
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await self.heartbeat(status)
+
+    async def close(self) -> None:
+        await self.stop(status=0)
+        if self.owns_channel:
+            await self.channel.close()
+
+    # ---- plan -----------------------------------------------------------------------------------
+    async def request_sync(
+        self, step: int, version: int = 0, timeout_s: float | None = None
+    ) -> synchronizer_pb2.RequestSyncResponse:
+        """Trainer after step `step`: `accepted` = publish now (nccl: the receivers are ready)."""
+        wait = timeout_s or self.sync_timeout_s
+        self.step = step
+        req = synchronizer_pb2.RequestSyncRequest(
+            member_id=self.member_id, step=step, version=version, timeout_ms=int(wait * 1000)
+        )
+        resp = await self.stub.RequestSync(req, timeout=wait + self.timeout_s)
+        self.generation = resp.generation or self.generation
+        return resp
+
+    async def wait_for_version(
+        self, step: int = 0, min_version: int = 0, timeout_s: float | None = None
+    ) -> synchronizer_pb2.WaitForVersionResponse:
+        """Explorer before step `step`: returns when it may run, must receive a broadcast, or timed out."""
+        wait = timeout_s or self.sync_timeout_s
+        if step:
+            self.step = step - 1
+        req = synchronizer_pb2.WaitForVersionRequest(
+            member_id=self.member_id, min_version=min_version, step=step, timeout_ms=int(wait * 1000)
+        )
+        resp = await self.stub.WaitForVersion(req, timeout=wait + self.timeout_s)
+        self.generation = resp.generation
+        return resp
+
+    async def report_sync(
+        self, version: int, ok: bool = True, generation: int = 0, message: str = ""
+    ) -> synchronizer_pb2.ReportSyncResponse:
+        if ok and self.role == "explorer":
+            self.model_version = max(self.model_version, version)
+        req = synchronizer_pb2.ReportSyncRequest(
+            member_id=self.member_id, version=version, ok=ok, generation=generation, message=message[:2000]
+        )
+        return await self.stub.ReportSync(req, timeout=self.timeout_s)
+
+    async def get_run_state(self) -> synchronizer_pb2.RunState:
+        return await self.stub.GetRunState(synchronizer_pb2.GetRunStateRequest(), timeout=self.timeout_s)
+
+    async def shutdown_run(self) -> None:
+        await self.stub.Shutdown(synchronizer_pb2.SynchronizerShutdownRequest(), timeout=self.timeout_s)
+
+    # ---- weights ----------------------------------------------------------------------------------
+    async def push_chunks(
+        self, chunks: Iterable[common_pb2.WeightChunk]
+    ) -> synchronizer_pb2.PushWeightsResponse:
+        """memory: stream one version's chunks; model_version moves only if the stream is complete."""
+        resp = await self.stub.PushWeights(iter(chunks), timeout=self.sync_timeout_s)
+        return resp
+
+    async def push_weights(
+        self,
+        state_dict: Mapping[str, torch.Tensor],
+        version: int,
+        step: int | None = None,
+        chunk_bytes: int = 4 << 20,
+    ) -> synchronizer_pb2.PushWeightsResponse:
+        """memory: encode `state_dict` (safetensors chunks, in a thread) and push it as `version`."""
+        chunks = await asyncio.to_thread(
+            state_dict_to_chunks, state_dict, version, step=step, chunk_bytes=chunk_bytes
+        )
+        return await self.push_chunks(chunks)
+
+    async def pull_chunks(self, version: int = 0) -> list[common_pb2.WeightChunk]:
+        req = synchronizer_pb2.PullWeightsRequest(member_id=self.member_id, version=version)
+        return [c async for c in self.stub.PullWeights(req, timeout=self.sync_timeout_s)]
+
+    async def pull_weights(
+        self, version: int = 0, device: str | torch.device = "cpu"
+    ) -> tuple[common_pb2.ModelVersion, dict[str, torch.Tensor]]:
+        """memory: the latest (or `version`) state dict, decoded (in a thread)."""
+        chunks = await self.pull_chunks(version)
+        return await asyncio.to_thread(chunks_to_state_dict, chunks, device)
+
+    async def notify_checkpoint(self, version: int, step: int, path: str) -> common_pb2.ModelVersion:
+        req = common_pb2.ModelVersion(version=version, step=step, checkpoint_path=str(path))
+        return (await self.stub.NotifyCheckpoint(req, timeout=self.timeout_s)).model_version
+
+    async def get_weight_sync_info(self, specs: Sequence[TensorSpec] = ()) -> tuple[GroupInfo, list[int]]:
+        """nccl: the current group instance and this member's ranks (the trainer passes its specs)."""
+        req = synchronizer_pb2.SyncGroupRequest(member_id=self.member_id, tensors=specs_to_proto(specs))
+        resp = await self.stub.GetWeightSyncInfo(req, timeout=self.timeout_s)
+        self.generation = resp.group.generation
+        return GroupInfo.from_proto(resp.group), list(resp.ranks)

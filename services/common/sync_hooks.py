@@ -1,0 +1,210 @@
+"""Adapters that plug `SyncClient` into the trainer's and the explorer's sync hooks.
+
+Trainer (`services.trainer.core.SyncHook`: `after_step(step) -> metrics`):
+    hook = TrainerSyncHook(client, method, sync=weight_sync.sync, specs=weight_sync.specs,
+                           join_group=...)     # join_group only for nccl
+`after_step(N)` asks the synchronizer whether to publish after step N (`request_sync`; for nccl it
+returns once every explorer is ready), runs `sync()` (whose result has `version`, `step`,
+`checkpoint_path`, like the trainer's `SyncResult`) and then completes the publish: memory - the
+push inside `sync` (`WeightSync(push=client.push_chunks)`) already published; checkpoint -
+`notify_checkpoint(path)`; nccl - `report_sync(ok)` (a failed broadcast is reported, so a new group
+generation starts, then re-raised). For nccl it first hands the trainer's tensor specs over and
+(re)joins the group when the synchronizer announces a new generation.
+
+Explorer (`services.explorer.sync.SyncGate`: `before_step(step, model_version)`, `notify_version`):
+    gate = ExplorerSyncGate(client, fetch=MemoryFetch(client, core.load_weights))
+         | ExplorerSyncGate(client, fetch=CheckpointFetch(core.load_weights))
+         | ExplorerSyncGate(client, fetch=BroadcastFetch(client, receiver.setup, receiver.receive))
+`before_step(s)` waits (`wait_for_version(step=s)`) until the plan lets step s run; when a newer
+version exists, or an nccl broadcast is about to start, it fetches and loads it, reports the outcome
+(`report_sync`) and only then returns. A wait that times out raises `SyncWaitTimeout`; the end of the
+run raises `RunFinished`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+import grpc
+import torch
+from rft.v1 import synchronizer_pb2
+
+from services.common.sync_client import RunFinished, SyncClient, SyncWaitTimeout
+from services.common.weight_sync import GroupInfo, TensorSpec, read_state_dict
+
+Load = Callable[[Iterable[tuple[str, torch.Tensor]], int], Awaitable[Any]]
+WaitAnswer = synchronizer_pb2.WaitForVersionResponse
+
+
+class Published(Protocol):
+    version: int
+    step: int
+    checkpoint_path: str
+
+
+class TrainerSyncHook:
+    def __init__(
+        self,
+        client: SyncClient,
+        method: str,
+        sync: Callable[[], Awaitable[Published]],
+        *,
+        specs: Callable[[], Awaitable[Sequence[TensorSpec]]] | None = None,
+        join_group: Callable[[GroupInfo, int], Awaitable[Any]] | None = None,
+    ):
+        if method == "nccl" and (specs is None or join_group is None):
+            raise ValueError("the nccl method needs `specs` and `join_group`")
+        self.client, self.method, self.sync = client, method, sync
+        self.specs, self.join_group = specs, join_group
+        self.joined_generation = 0
+        self._specs_sent = False
+
+    async def _prepare_group(self) -> None:
+        """Hand the tensor specs over once (kept even when no explorer holds a rank yet)."""
+        assert self.specs is not None
+        try:
+            await self.client.get_weight_sync_info(await self.specs())
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                raise
+        self._specs_sent = True
+
+    async def _join(self, generation: int) -> None:
+        if generation != self.joined_generation:
+            assert self.join_group is not None
+            info, ranks = await self.client.get_weight_sync_info()
+            await self.join_group(info, ranks[0])
+            self.joined_generation = info.generation
+
+    async def after_step(self, step: int) -> Mapping[str, float]:
+        t0 = time.perf_counter()
+        if self.method == "nccl" and not self._specs_sent:
+            await self._prepare_group()
+        decision = await self.client.request_sync(step)
+        if not decision.accepted:
+            return {}
+        if self.method == "nccl":
+            await self._join(decision.generation)
+        try:
+            result = await self.sync()
+        except Exception as exc:
+            if self.method == "nccl":
+                await self.client.report_sync(0, False, decision.generation, f"{type(exc).__name__}: {exc}")
+                self.joined_generation = 0
+            raise
+        if self.method == "checkpoint":
+            await self.client.notify_checkpoint(result.version, result.step, result.checkpoint_path)
+        elif self.method == "nccl":
+            await self.client.report_sync(result.version, True, decision.generation)
+        return {
+            "timing_s/sync_weights": time.perf_counter() - t0,
+            "sync/model_version": float(result.version),
+        }
+
+
+class ExplorerSyncGate:
+    def __init__(
+        self,
+        client: SyncClient,
+        fetch: Callable[[WaitAnswer], Awaitable[int]],
+        timeout_s: float | None = None,
+    ):
+        self.client, self.fetch = client, fetch
+        self.timeout_s = timeout_s or client.sync_timeout_s
+        self.held = client.model_version
+        self.waiting_for: int | None = None
+
+    async def before_step(self, step: int, model_version: int) -> None:
+        self.held = max(self.held, model_version)
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise SyncWaitTimeout(f"explore step {step}: no usable weights within {self.timeout_s:g}s")
+            answer = await self.client.wait_for_version(step=step, timeout_s=remaining)
+            if answer.finished:
+                raise RunFinished(f"the run finished before explore step {step}")
+            if answer.timed_out:
+                raise SyncWaitTimeout(
+                    f"explore step {step} needs model version >= {answer.required_version}, "
+                    f"still at {self.held} after {self.timeout_s:g}s"
+                )
+            offered = answer.model_version.version
+            if answer.receive_broadcast or offered > self.held:
+                self.waiting_for = offered
+                try:
+                    loaded = await self.fetch(answer)
+                except Exception as exc:
+                    await self.client.report_sync(
+                        offered, False, answer.generation, f"{type(exc).__name__}: {exc}"
+                    )
+                    raise
+                finally:
+                    self.waiting_for = None
+                self.notify_version(loaded)
+                await self.client.report_sync(loaded, True, answer.generation)
+            if self.held >= answer.required_version:
+                return
+
+    def notify_version(self, model_version: int) -> None:
+        self.held = max(self.held, model_version)
+        self.client.model_version = max(self.client.model_version, model_version)
+
+
+class MemoryFetch:
+    """memory: pull the latest version from the synchronizer and load it."""
+
+    def __init__(self, client: SyncClient, load: Load, device: str | torch.device = "cpu"):
+        self.client, self.load, self.device = client, load, device
+
+    async def __call__(self, answer: WaitAnswer) -> int:
+        version, state_dict = await self.client.pull_weights(0, self.device)
+        await self.load(state_dict.items(), int(version.version))
+        return int(version.version)
+
+
+class CheckpointFetch:
+    """checkpoint: read the published file named in the answer and load it."""
+
+    def __init__(self, load: Load, device: str | torch.device = "cpu"):
+        self.load, self.device = load, device
+
+    async def __call__(self, answer: WaitAnswer) -> int:
+        mv = answer.model_version
+        state_dict = await asyncio.to_thread(read_state_dict, mv.checkpoint_path, self.device)
+        await self.load(state_dict.items(), int(mv.version))
+        return int(mv.version)
+
+
+class BroadcastFetch:
+    """nccl: (re)join the group when its generation changed, then receive the broadcast.
+
+    `setup(info, first_rank)` and `receive(version)` fit the explorer's `WeightReceiver`.
+    """
+
+    def __init__(
+        self,
+        client: SyncClient,
+        setup: Callable[[GroupInfo, int], Awaitable[Any]],
+        receive: Callable[[int], Awaitable[Any]],
+    ):
+        self.client, self.setup, self.receive = client, setup, receive
+        self.joined_generation = 0
+
+    async def __call__(self, answer: WaitAnswer) -> int:
+        if not answer.receive_broadcast:
+            raise RuntimeError("nccl weights arrive only by broadcast; none is pending")
+        if answer.generation != self.joined_generation:
+            info, ranks = await self.client.get_weight_sync_info()
+            await self.setup(info, ranks[0])
+            self.joined_generation = info.generation
+        version = int(answer.model_version.version)
+        try:
+            await self.receive(version)
+        except Exception:
+            self.joined_generation = 0
+            raise
+        return version
