@@ -1,0 +1,280 @@
+"""The compose stack in deploy/ checked against the code, without Docker: every service exists, runs a real
+module with a config that exists and loads, is probed by the gRPC health probe on the port it really
+listens on (config + .env defaults + compose interpolation agree), depends on healthy neighbours, the
+explorer can scale, Redis keeps an AOF, and the images copy what the commands need.
+
+`docker compose config` (or docker-compose v1) also validates the file when either is installed; CI has
+neither, so the structural checks below are what guard the file there."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from services.common.config import load_config
+
+ROOT = Path(__file__).resolve().parents[3]
+DEPLOY = ROOT / "deploy"
+RFT_SERVICES = ("synchronizer", "buffer", "trainer", "explorer")
+CONFIG_TARGET = "/etc/rft/run.yaml"
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}")
+
+
+def _env_example() -> dict[str, str]:
+    env = {}
+    for line in (DEPLOY / ".env.example").read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            env[key.strip()] = value.strip()
+    return env
+
+
+def _interpolate(node: Any, env: dict[str, str], used: set[str]) -> Any:
+    """Compose's variable substitution: ${VAR}, ${VAR:-default}, ${VAR:?error}; `$$` is a literal `$`."""
+    if isinstance(node, dict):
+        return {k: _interpolate(v, env, used) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_interpolate(v, env, used) for v in node]
+    if not isinstance(node, str):
+        return node
+
+    def sub(match: re.Match[str]) -> str:
+        name, op, arg = match.groups()
+        used.add(name)
+        if env.get(name):
+            return env[name]
+        if op and op.endswith("?"):
+            raise AssertionError(f"${{{name}}} is required: {arg}")
+        return arg if op and op.endswith("-") else ""
+
+    return _VAR.sub(sub, node.replace("$$", "\0")).replace("\0", "$")
+
+
+@pytest.fixture(scope="module")
+def raw() -> dict[str, Any]:
+    return yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
+
+
+@pytest.fixture(scope="module")
+def compose(raw) -> dict[str, Any]:
+    """The compose file as `docker compose` sees it with deploy/.env copied from .env.example."""
+    used: set[str] = set()
+    resolved = _interpolate(raw, _env_example(), used)
+    resolved["_used_vars"] = used
+    return resolved
+
+
+def _command_module(command: list[str] | str) -> tuple[str, list[str]]:
+    """(module, argv after it) of the `python -m services.X ...` a service runs, also inside `sh -c`."""
+    argv = command if isinstance(command, list) else shlex.split(command)
+    if argv[:2] == ["sh", "-c"]:
+        argv = shlex.split(argv[2].split("exec ", 1)[1])
+    assert argv[:2] == ["python", "-m"], argv
+    return argv[2], argv[3:]
+
+
+def _listen_port(service: dict[str, Any], name: str) -> int:
+    """The port the service listens on: the mounted config with the container's RFT_* environment."""
+    config = load_config(DEPLOY / "config" / "run.yaml", environ=service["environment"])
+    return getattr(config.services, name).port
+
+
+def test_every_service_of_the_stack_is_there(raw):
+    assert set(raw["services"]) == {"redis", "prepare", *RFT_SERVICES}
+    assert set(raw["volumes"]) >= {"redis-data", "rft-data"}
+
+
+def test_commands_run_real_modules_with_the_mounted_config(compose):
+    for name in RFT_SERVICES:
+        service = compose["services"][name]
+        module, args = _command_module(service["command"])
+        assert module == f"services.{name}", (name, module)
+        main = ROOT / Path(*module.split(".")) / "__main__.py"
+        assert main.is_file(), (
+            f"{name}: {main.relative_to(ROOT)} does not exist (the service has no entry point)"
+        )
+        assert args[args.index("--config") + 1] == CONFIG_TARGET
+        mounts = [v for v in service["volumes"] if isinstance(v, dict) and v["target"] == CONFIG_TARGET]
+        assert len(mounts) == 1 and mounts[0]["read_only"] is True and mounts[0]["type"] == "bind"
+        assert (DEPLOY / mounts[0]["source"]).resolve() == DEPLOY / "config" / "run.yaml"
+    prepare = compose["services"]["prepare"]["command"]
+    assert prepare[:2] == ["python", "deploy/prepare.py"] and (ROOT / prepare[1]).is_file()
+
+
+def test_the_explorer_takes_a_unique_id_per_replica(compose):
+    explorer_main = (ROOT / "services" / "explorer" / "__main__.py").read_text()
+    assert '"--explorer-id"' in explorer_main  # how the explorer takes its id
+    command = compose["services"]["explorer"]["command"]
+    script = command[2]
+    assert '--explorer-id "explorer-$(hostname)"' in script
+    assert 'RFT_EXPLORER_ADDRESS="$(hostname):$RFT_EXPLORER_PORT"' in script
+
+
+def test_the_explorer_can_scale(raw):
+    explorer = raw["services"]["explorer"]
+    assert "container_name" not in explorer and "ports" not in explorer and "hostname" not in explorer
+    assert "deploy" not in explorer or "replicas" not in explorer["deploy"]
+
+
+def test_healthchecks_probe_the_port_each_service_listens_on(compose):
+    env = _env_example()
+    for name in RFT_SERVICES:
+        service = compose["services"][name]
+        port = _listen_port(service, name)
+        assert port == int(env[f"{name.upper()}_PORT"]), name
+        assert service["healthcheck"]["test"] == [
+            "CMD", "python", "-m", "services.common.healthcheck", f"127.0.0.1:{port}",
+        ]  # fmt: skip
+        for published in service.get("ports", []):
+            host, host_port, container_port = published.rsplit(":", 2)
+            assert (host, int(host_port), int(container_port)) == (env["PUBLISH_HOST"], port, port), name
+    assert (ROOT / "services" / "common" / "healthcheck.py").is_file()
+    assert compose["services"]["redis"]["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
+
+
+def test_the_config_alone_agrees_with_the_env_defaults():
+    """Without any RFT_* variables the mounted config listens on the .env.example ports too."""
+    config = load_config(DEPLOY / "config" / "run.yaml", environ={})
+    env = _env_example()
+    for name in RFT_SERVICES:
+        endpoint = getattr(config.services, name)
+        assert endpoint.host == "0.0.0.0" and endpoint.port == int(env[f"{name.upper()}_PORT"]), name
+        if name != "explorer":
+            assert endpoint.target == f"{name}:{endpoint.port}"
+
+
+def test_services_find_each_other_by_compose_name(compose):
+    names = set(compose["services"])
+    for name in RFT_SERVICES:
+        service = compose["services"][name]
+        config = load_config(DEPLOY / "config" / "run.yaml", environ=service["environment"])
+        s = config.services
+        assert s.auth_token == _env_example()["RFT_AUTH_TOKEN"]
+        assert s.buffer.store == "redis" and s.buffer.redis_url.startswith("redis://redis:6379")
+        for peer in ("buffer", "trainer", "synchronizer"):
+            endpoint = getattr(s, peer)
+            host, port = endpoint.target.rsplit(":", 1)
+            assert host in names and int(port) == endpoint.port, (name, peer, endpoint.target)
+        assert "/data/" in config.model.model_path and config.checkpoint_root_dir.startswith("/data")
+
+
+def test_the_token_is_required(raw):
+    token = raw["x-rft-env"]["RFT_AUTH_TOKEN"]
+    assert token.startswith("${RFT_AUTH_TOKEN:?"), "compose must refuse to start without a token"
+
+
+def test_dependencies_wait_for_healthy_neighbours(compose):
+    services = compose["services"]
+    expected = {
+        "buffer": {"redis": "service_healthy"},
+        "trainer": {"prepare": "service_completed_successfully", "buffer": "service_healthy",
+                    "synchronizer": "service_healthy"},
+        "explorer": {"prepare": "service_completed_successfully", "buffer": "service_healthy",
+                     "synchronizer": "service_healthy"},
+    }  # fmt: skip
+    for name, deps in expected.items():
+        got = {dep: spec["condition"] for dep, spec in services[name]["depends_on"].items()}
+        assert got == deps, name
+        for dep, condition in deps.items():
+            if condition == "service_healthy":
+                assert "healthcheck" in services[dep], f"{name} waits for {dep}, which has no healthcheck"
+
+
+def test_redis_keeps_an_append_only_file_on_a_volume(compose):
+    redis = compose["services"]["redis"]
+    assert redis["image"].split(":")[0] == "redis" and redis["image"].split(":")[1].startswith("7")
+    command = redis["command"]
+    assert command[0] == "redis-server" and command[command.index("--appendonly") + 1] == "yes"
+    assert "redis-data:/data" in redis["volumes"]
+
+
+def test_every_variable_is_documented_in_the_env_example(compose):
+    documented = set(_env_example())
+    assert compose["_used_vars"] <= documented, compose["_used_vars"] - documented
+
+
+def _instructions(path: Path) -> list[str]:
+    text = path.read_text().replace("\\\n", " ")
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+def test_the_cpu_image_copies_what_the_commands_need(raw):
+    for name in ("prepare", *RFT_SERVICES):
+        build = raw["services"][name]["build"]
+        assert build == {"context": "..", "dockerfile": "deploy/Dockerfile"}, name
+    lines = _instructions(DEPLOY / "Dockerfile")
+    assert lines[0] == "FROM python:3.11-slim"
+    text = "\n".join(lines)
+    torch_at = text.index('"torch==${TORCH_VERSION}"')
+    assert (
+        "ARG TORCH_VERSION=2.13.0" in text
+        and "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in text
+    )
+    assert '--index-url "${TORCH_INDEX_URL}"' in text
+    assert torch_at < text.index("pip install . "), "CPU torch must be installed before the project"
+    _check_copies(text, DEPLOY / "Dockerfile.dockerignore")
+
+
+def test_the_gpu_image_adds_the_vllm_extra():
+    assert re.search(r"^vllm = \[", (ROOT / "pyproject.toml").read_text(), re.M), "no `vllm` extra"
+    lines = _instructions(DEPLOY / "Dockerfile.gpu")
+    assert lines[0] == "FROM python:3.11-slim"
+    text = "\n".join(lines)
+    assert 'pip install ".[vllm]"' in text and "download.pytorch.org/whl/cpu" not in text
+    _check_copies(text, DEPLOY / "Dockerfile.gpu.dockerignore")
+
+
+def _check_copies(dockerfile: str, dockerignore: Path) -> None:
+    readme = re.search(r'^readme = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)
+    copied = {
+        src for line in dockerfile.splitlines() if line.startswith("COPY ") for src in line.split()[1:-1]
+    }
+    needed = {"services/", "protos/", "pyproject.toml", readme.group(1), "deploy/prepare.py"}
+    assert needed <= copied, needed - copied
+    for src in copied:
+        assert (ROOT / src).exists(), src
+    allowed = {line[1:].strip() for line in dockerignore.read_text().splitlines() if line.startswith("!")}
+    assert copied <= allowed, f"{dockerignore.name} keeps {copied - allowed} out of the build context"
+    assert "*" in dockerignore.read_text().splitlines()
+
+
+def test_readme_says_how_to_configure_run_and_scale():
+    readme = (DEPLOY / "README.md").read_text()
+    for needle in (
+        "cp deploy/.env.example deploy/.env",
+        "--scale explorer=",
+        "RFT_AUTH_TOKEN",
+        "Dockerfile.gpu",
+    ):
+        assert needle in readme, needle
+    assert ".env" in (DEPLOY / ".gitignore").read_text().split()
+
+
+def _compose_cli() -> list[str] | None:
+    docker = shutil.which("docker")
+    if docker and subprocess.run([docker, "compose", "version"], capture_output=True).returncode == 0:
+        return [docker, "compose"]
+    legacy = shutil.which("docker-compose")
+    return [legacy] if legacy else None
+
+
+def test_docker_compose_config_accepts_the_file():
+    cli = _compose_cli()
+    if cli is None:
+        pytest.skip(
+            "neither `docker compose` nor `docker-compose` is installed; the structural tests cover it"
+        )
+    done = subprocess.run(
+        [*cli, "--env-file", str(DEPLOY / ".env.example"), "-f", str(DEPLOY / "docker-compose.yml"),
+         "config", "--quiet"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
