@@ -1,0 +1,221 @@
+"""The Node.js client (`examples/clients/node/client.js`, @grpc/grpc-js reading protos/ at run time) against
+real service processes: it pushes whole groups into the buffer, leases and acks them back, reads the run
+state from the synchronizer, and the buffer's Stats agree. What it pushes decodes in Python as valid
+Experiences (the trainer's view). A wrong token fails with exit 1 and stores nothing.
+
+Skips (loudly) only when `node` is missing or the client's node_modules are not installed
+(`npm ci --prefix examples/clients/node`, done by scripts/setup.sh)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+from rft.v1 import buffer_pb2, buffer_pb2_grpc
+
+from services.common.experience import from_proto
+
+ROOT = Path(__file__).resolve().parents[3]
+CLIENT_DIR = ROOT / "examples" / "clients" / "node"
+TOKEN = "node-client-secret"
+AUTH = (("authorization", f"Bearer {TOKEN}"),)
+
+
+def _require_node() -> str:
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("NODE CLIENT NOT TESTED: `node` is not on PATH (install Node.js >= 18)")
+    if not (CLIENT_DIR / "node_modules" / "@grpc" / "grpc-js").is_dir():
+        pytest.skip(
+            "NODE CLIENT NOT TESTED: its dependencies are not installed; "
+            "run `npm ci --prefix examples/clients/node` (scripts/setup.sh does)"
+        )
+    return node
+
+
+@dataclass
+class Service:
+    name: str
+    proc: subprocess.Popen
+    log: Path
+    port: int = 0
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def log_tail(self, lines: int = 30) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def _start(name: str, config: Path, workdir: Path) -> Service:
+    port_file = workdir / f"{name}.port"
+    log = workdir / f"{name}.log"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "protos")])}
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", f"services.{name}", "--config", str(config), "--port-file", str(port_file)],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    service = Service(name, proc, log)
+    end = time.monotonic() + 120
+    while not port_file.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"{name} exited with {proc.returncode}:\n{service.log_tail()}")
+        if time.monotonic() > end:
+            proc.kill()
+            raise AssertionError(f"{name} did not start in 120 s:\n{service.log_tail()}")
+        time.sleep(0.05)  # ok-sleep: polling the port file with a deadline
+    service.port = int(port_file.read_text())
+    return service
+
+
+def _stop(service: Service) -> None:
+    if service.proc.poll() is None:
+        service.proc.send_signal(signal.SIGTERM)
+        try:
+            service.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            service.proc.kill()
+            service.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    workdir = tmp_path_factory.mktemp("node_client")
+    (workdir / "run.yaml").write_text(
+        f"""
+project: node-client
+name: test
+checkpoint_root_dir: {workdir}/checkpoints
+mode: both
+algorithm: {{repeat_times: 4}}
+synchronizer: {{sync_method: memory, sync_style: fixed, sync_interval: 2}}
+monitor: {{monitor_type: none}}
+log: {{format: json}}
+services:
+  buffer: {{store: memory}}
+  auth_token: {TOKEN}
+"""
+    )
+    return workdir
+
+
+def _service(name: str, workdir: Path) -> Iterator[Service]:
+    service = _start(name, workdir / "run.yaml", workdir)
+    try:
+        yield service
+    finally:
+        _stop(service)
+
+
+@pytest.fixture(scope="module")
+def buffer(workdir) -> Iterator[Service]:
+    yield from _service("buffer", workdir)
+
+
+@pytest.fixture(scope="module")
+def synchronizer(workdir) -> Iterator[Service]:
+    yield from _service("synchronizer", workdir)
+
+
+def _run_client(node: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [node, str(CLIENT_DIR / "client.js"), "--deadline-ms", "15000", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def _stats(address: str, consumer_group: str = "") -> buffer_pb2.StatsResponse:
+    with grpc.insecure_channel(address) as channel:
+        stub = buffer_pb2_grpc.BufferServiceStub(channel)
+        return stub.Stats(buffer_pb2.StatsRequest(consumer_group=consumer_group), metadata=AUTH, timeout=10)
+
+
+def _summary(done: subprocess.CompletedProcess[str], *services: Service) -> dict:
+    logs = "\n".join(f"--- {s.name}\n{s.log_tail()}" for s in services)
+    assert done.returncode == 0, f"client failed:\n{done.stderr}\n{logs}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_client_pushes_leases_acks_and_reads_the_run_state(buffer, synchronizer):
+    node = _require_node()
+    before = _stats(buffer.address, "node-client")
+    done = _run_client(
+        node, "--buffer", buffer.address, "--synchronizer", synchronizer.address, "--token", TOKEN,
+        "--groups", "3", "--group-size", "4", "--stream",
+    )  # fmt: skip
+    summary = _summary(done, buffer, synchronizer)
+    assert summary["ok"] is True
+    assert summary["put"] == {"rpc": "PutExperiences", "accepted": 12, "batches": 3, "duplicates": 0}
+    assert summary["ours_back"] == 12 and summary["groups_back"] == 3
+    assert summary["acked"] == summary["leased"] >= 12
+    assert summary["stats_after"]["accepted"] - summary["stats_before"]["accepted"] == 12
+
+    after = _stats(buffer.address, "node-client")
+    assert after.accepted - before.accepted == 12
+    assert after.acked - before.acked == summary["acked"]
+    assert after.pending_leases == 0 and after.pending_experiences == 0
+    assert after.rejected == before.rejected
+
+    state = summary["run_state"]
+    assert state["sync_method"] == "memory" and state["sync_style"] == "fixed" and state["sync_interval"] == 2
+    assert state["model_version"] == 0 and state["finished"] is False
+    assert isinstance(state["members"], list)
+
+
+def test_what_node_pushes_is_a_valid_experience_for_the_trainer(buffer):
+    node = _require_node()
+    done = _run_client(
+        node, "--buffer", buffer.address, "--token", TOKEN, "--no-consume",
+        "--groups", "2", "--group-size", "3", "--prompt-length", "6", "--response-length", "5",
+        "--model-version", "7", "--producer-id", "node-producer",
+    )  # fmt: skip
+    summary = _summary(done, buffer)
+    assert summary["put"]["rpc"] == "Put" and summary["put"]["accepted"] == 6 and "run_state" not in summary
+
+    # Lease them as the trainer does (the default consumer group), decode, check, ack.
+    with grpc.insecure_channel(buffer.address) as channel:
+        stub = buffer_pb2_grpc.BufferServiceStub(channel)
+        leased = stub.GetBatch(
+            buffer_pb2.GetBatchRequest(size=6, timeout_ms=5000, min_model_version=7),
+            metadata=AUTH,
+            timeout=10,
+        )
+        exps = [from_proto(e) for e in leased.experiences]
+        ack = stub.Ack(buffer_pb2.AckRequest(lease_id=leased.lease_id), metadata=AUTH, timeout=10)
+    assert len(exps) == 6 and ack.acked == 6
+    assert sorted(Counter(e.eid.group_id for e in exps).values()) == [3, 3]
+    for e in exps:
+        assert e.eid.group_id.startswith(summary["run_tag"]) and e.eid.explorer_id == "node-producer"
+        assert e.prompt_length == 6 and e.response_length == 5 and len(e.tokens) == 11
+        assert e.logprobs.shape == e.action_mask.shape == (5,) and bool(e.action_mask.all())
+        assert (e.logprobs <= 0).all() and e.reward is not None and 0.0 <= e.reward <= 1.0
+        assert e.model_version == 7
+
+
+def test_wrong_token_fails_with_exit_1_and_stores_nothing(buffer):
+    node = _require_node()
+    before = _stats(buffer.address)
+    done = _run_client(node, "--buffer", buffer.address, "--token", "wrong")
+    assert done.returncode == 1, done.stdout
+    failure = json.loads(done.stderr.strip().splitlines()[-1])
+    assert failure["ok"] is False and failure["code"] == "UNAUTHENTICATED"
+    assert _stats(buffer.address).accepted == before.accepted
+
+
+def test_bad_usage_exits_2():
+    node = _require_node()
+    done = _run_client(node, "--groups", "3")
+    assert done.returncode == 2 and "--buffer HOST:PORT is required" in done.stderr
