@@ -66,6 +66,7 @@ class SynchronizerCore:
         self._cond = asyncio.Condition()
         self._seq = 0
         self._watchdog: asyncio.Task[None] | None = None
+        self._closing = False
 
     # ---- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -74,13 +75,16 @@ class SynchronizerCore:
             self._watchdog = asyncio.get_running_loop().create_task(self._watch(), name="sync-watchdog")
 
     async def close(self) -> None:
+        """Stop the watchdog (it exits on the flag; no cancellation race) and release every waiter."""
         async with self._cond:
-            self.finished = True
+            self.finished = self._closing = True
             self._cond.notify_all()
         if self._watchdog is not None:
-            self._watchdog.cancel()
-            await asyncio.gather(self._watchdog, return_exceptions=True)
-            self._watchdog = None
+            task, self._watchdog = self._watchdog, None
+            try:
+                await asyncio.wait_for(task, 5)
+            except TimeoutError:
+                task.cancel()
 
     async def shutdown(self) -> None:
         """The run is over: waiters return `finished`."""
@@ -91,7 +95,7 @@ class SynchronizerCore:
 
     async def _watch(self) -> None:
         timeout = self.settings.heartbeat_timeout
-        while True:
+        while not self._closing:
             async with self._cond:
                 self._check_lost()
                 beats = [m.last_heartbeat for m in self.members.values() if m.alive]

@@ -1,0 +1,65 @@
+"""The sync plan's rules, pinned as tables (Trinity-RFT cadence, reference §1)."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.synchronizer.plan import SyncPlan
+
+
+@pytest.mark.parametrize(
+    ("interval", "offset", "required"),
+    [
+        (1, 0, [0, 1, 2, 3, 4, 5]),  # step s runs on the weights of trainer step s - 1
+        (1, 1, [0, 0, 1, 2, 3, 4]),  # one-step pipeline
+        (2, 0, [0, 0, 2, 2, 4, 4]),
+        (2, 1, [0, 0, 0, 2, 2, 4]),
+    ],
+)
+def test_synchronizer_plan_fixed_explorer_requirement(interval, offset, required):
+    plan = SyncPlan("fixed", interval, offset)
+    assert [plan.explorer_required_version(s, held=0, last_sync_step=0) for s in range(1, 7)] == required
+
+
+def test_synchronizer_plan_fixed_matches_trinity_sync_points():
+    """Trinity: the explorer syncs after step s when s > K and (s - K) % I == 0, taking the newest
+    version; the requirement rises exactly at those points, by I (the trainer publishes every I)."""
+    for interval in (1, 2, 3):
+        for offset in (0, 1, 2):
+            plan = SyncPlan("fixed", interval, offset)
+            for s in range(1, 20):
+                rises = plan.explorer_required_version(s + 1, 0, 0) > plan.explorer_required_version(s, 0, 0)
+                assert rises == (s > offset and (s - offset) % interval == 0), (interval, offset, s)
+
+
+def test_synchronizer_plan_trainer_publishes():
+    fixed2 = SyncPlan("fixed", 2, 0)
+    assert [fixed2.trainer_should_publish(t, 0, False) for t in range(1, 6)] == [
+        False,
+        True,
+        False,
+        True,
+        False,
+    ]
+    assert fixed2.trainer_should_publish(4, 4, False) is False  # already published this step
+    driven = SyncPlan("trainer_driven", 3, 0)
+    assert [driven.trainer_should_publish(t, 1, False) for t in range(2, 6)] == [False, False, True, True]
+    by_explorer = SyncPlan("explorer_driven", 2, 0)
+    assert by_explorer.trainer_should_publish(7, 0, False) is False
+    assert by_explorer.trainer_should_publish(7, 0, True) is True
+    assert fixed2.trainer_should_publish(3, 2, True) is True  # a waiting explorer is always served
+
+
+def test_synchronizer_plan_dynamic_explorer_requirements():
+    by_explorer = SyncPlan("explorer_driven", 2, 0)
+    # 2 steps since the last sync at step 3 -> needs anything newer than what it holds
+    assert by_explorer.explorer_required_version(5, held=4, last_sync_step=3) == 0
+    assert by_explorer.explorer_required_version(6, held=4, last_sync_step=3) == 5
+    assert SyncPlan("trainer_driven", 1, 0).explorer_required_version(9, held=0, last_sync_step=0) == 0
+
+
+def test_synchronizer_plan_rejects_bad_settings():
+    with pytest.raises(ValueError, match="sync_style"):
+        SyncPlan("sometimes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="sync_interval"):
+        SyncPlan("fixed", 0, 0)
