@@ -35,7 +35,7 @@ from services.trainer.algorithms import (
 )
 from services.trainer.collate import StepBatch, pack
 from services.trainer.distributed import DistInfo
-from services.trainer.fsdp import clip_grad_norm
+from services.trainer.fsdp import clip_grad_norm, reshard_after_inference
 from services.trainer.rowwise import MicroBatching, local_micro_batches, map_rows
 from services.trainer.settings import TrainerSettings
 
@@ -112,6 +112,7 @@ class Actor:
                 ],
             )
         finally:
+            reshard_after_inference(self.module)
             self.module.train(was_training)
 
     def update_policy(self, step: StepBatch) -> dict[str, float]:
@@ -123,7 +124,9 @@ class Actor:
         if self.kl_coef:
             batch.require("ref_log_probs")
         self.module.train()
-        params = [p for p in self.module.parameters() if p.requires_grad]
+        # the optimizer holds the sharded leaf parameters; `module.parameters()` may list FSDP2's
+        # temporary unsharded tensors while a group is unsharded
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
         mini = self.settings.mini_batch_size
         sums = torch.zeros(6, dtype=torch.float64)  # pg_loss, clipfrac, ppo_kl, entropy, kl_loss, clip_lower
         norms: list[float] = []

@@ -21,7 +21,7 @@ from services.trainer.actor import agg_normaliser
 from services.trainer.algorithms import compute_value_loss, masked_mean
 from services.trainer.collate import StepBatch, pack
 from services.trainer.distributed import DistInfo
-from services.trainer.fsdp import clip_grad_norm
+from services.trainer.fsdp import clip_grad_norm, reshard_after_inference
 from services.trainer.rowwise import MicroBatching, local_micro_batches, map_rows
 from services.trainer.settings import TrainerSettings
 
@@ -91,6 +91,7 @@ class Critic:
                 step, self.info, self.batching, lambda m: value_forward(self.module, m, self.info.device)
             )
         finally:
+            reshard_after_inference(self.module)
             self.module.train()
 
     def update_critic(self, step: StepBatch) -> dict[str, float]:
@@ -98,7 +99,9 @@ class Critic:
         step.batch.require("returns")
         step.batch.require("values")
         self.module.train()
-        params = [p for p in self.module.parameters() if p.requires_grad]
+        # the optimizer holds the sharded leaf parameters; `module.parameters()` may list FSDP2's
+        # temporary unsharded tensors while a group is unsharded
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
         mode = self.settings.preset.loss_agg_mode
         world, dev = self.info.world_size, self.info.device
         sums = torch.zeros(3, dtype=torch.float64)  # vf_loss, vf_clipfrac, vpred_mean

@@ -19,12 +19,19 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from services.trainer.distributed import DistInfo
 
-__all__ = ["clip_grad_norm", "decoder_layers", "full_state_dict", "load_full_state_dict", "shard_model"]
+__all__ = [
+    "clip_grad_norm",
+    "decoder_layers",
+    "full_state_dict",
+    "load_full_state_dict",
+    "reshard_after_inference",
+    "shard_model",
+]
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -58,6 +65,18 @@ def shard_model(model: nn.Module, info: DistInfo, *, reshard_after_forward: bool
         fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
     return model
+
+
+def reshard_after_inference(module: nn.Module) -> None:
+    """Free the parameters a no-grad forward left unsharded.
+
+    FSDP2 keeps the root's parameters unsharded after forward (backward needs them next).  After a
+    forward under `torch.no_grad` no backward comes, and the next training forward would reuse the
+    unsharded parameters, so its gradients would never be reduced into the sharded `.grad` (they
+    are silently lost).  Every no-grad pass (old/ref log-probs, values) ends with this call.
+    """
+    if isinstance(module, FSDPModule):
+        module.reshard()
 
 
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -66,6 +66,9 @@ def test_positive_advantages_raise_logprobs_negative_lower(model_dir, tmp_path):
     ):
         assert key in metrics
     assert metrics["actor/lr"] == pytest.approx(2e-3)
+    # every parameter got its gradient (FSDP2 regression: a no-grad pass must not hide them)
+    assert metrics["actor/grad_norm"] > 0
+    assert all(p.grad is not None for g in engine.worker.actor.optimizer.param_groups for p in g["params"])
     assert metrics["perf/throughput"] > 0 and "critic/advantages/mean" in metrics
 
 
