@@ -1,0 +1,144 @@
+"""Memory and checkpoint methods over a real synchronizer server: bit-exact weights of the tiny
+Qwen2, aborted pushes, two explorers, checkpoint paths, the hook adapters end to end."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+import torch
+
+from services.common.modeling import load_model
+from services.common.sync_hooks import CheckpointFetch, ExplorerSyncGate, MemoryFetch, TrainerSyncHook
+from services.common.tiny_model import make_tiny_model
+from services.common.weight_sync import CheckpointStore, load_weights, state_dict_to_chunks
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("sync_tiny") / "model")
+
+
+def perturbed_state_dict(model: torch.nn.Module, seed: int) -> dict[str, torch.Tensor]:
+    """New weights for `model` (perturbed in place; tied weights stay tied), as a detached copy."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g).to(p.dtype))
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def assert_bit_equal(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
+    got = model.state_dict()
+    for name, tensor in state_dict.items():
+        assert torch.equal(got[name].view(torch.uint8), tensor.contiguous().view(torch.uint8)), name
+
+
+async def test_synchronizer_memory_push_pull_bit_exact_two_explorers(tiny_dir, sync_server, sync_clients):
+    core, address = await sync_server(method="memory")
+    trainer = await sync_clients(address, "trainer", "trainer")
+    explorers = [await sync_clients(address, f"e{i}", "explorer") for i in range(2)]
+    source = load_model(tiny_dir)
+    new = perturbed_state_dict(source, seed=1)
+    resp = await trainer.push_weights(new, version=1, step=1, chunk_bytes=64 << 10)
+    assert resp.model_version.version == 1 and resp.bytes > 0 and len(core.weights.chunks) > 3
+    for explorer in explorers:
+        model = load_model(tiny_dir)
+        version, state_dict = await explorer.pull_weights()
+        assert version.version == 1
+        load_weights(model, state_dict)
+        assert_bit_equal(model, new)
+    state = await trainer.get_run_state()
+    assert state.model_version.version == 1 and len(state.members) == 3 and state.sync_method == "memory"
+
+
+async def test_synchronizer_memory_aborted_or_broken_push_changes_nothing(
+    tiny_dir, sync_server, sync_clients
+):
+    core, address = await sync_server(method="memory")
+    trainer = await sync_clients(address, "trainer", "trainer")
+    first = perturbed_state_dict(load_model(tiny_dir), seed=1)
+    await trainer.push_weights(first, version=1, chunk_bytes=64 << 10)
+    kept = core.weights
+    chunks = state_dict_to_chunks(perturbed_state_dict(load_model(tiny_dir), seed=2), 2, chunk_bytes=64 << 10)
+
+    with pytest.raises(grpc.aio.AioRpcError) as err:  # the stream ends early
+        await trainer.push_chunks(chunks[:-1])
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "ended after" in err.value.details()
+    assert core.published.version == 1 and core.weights is kept
+
+    sent = asyncio.Event()
+
+    async def stalled():
+        for c in chunks[:3]:
+            yield c
+        sent.set()
+        await asyncio.Event().wait()  # never finishes: the client cancels the call
+
+    call = trainer.stub.PushWeights(stalled(), timeout=20)
+    await asyncio.wait_for(sent.wait(), 10)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert core.published.version == 1 and core.weights is kept
+    _, sd = await trainer.pull_weights()
+    assert all(torch.equal(sd[k], v) for k, v in first.items())
+
+
+async def test_synchronizer_checkpoint_notify_then_wait_returns_path(
+    tmp_path, tiny_dir, sync_server, sync_clients
+):
+    _, address = await sync_server(method="checkpoint")
+    trainer = await sync_clients(address, "trainer", "trainer")
+    explorer = await sync_clients(address, "e0", "explorer")
+    waiting = asyncio.create_task(explorer.wait_for_version(step=2, timeout_s=10))  # fixed 1/0: needs v1
+    new = perturbed_state_dict(load_model(tiny_dir), seed=3)
+    path = CheckpointStore(tmp_path / "state_dicts").save(1, new)
+    await trainer.notify_checkpoint(1, 1, str(path))
+    answer = await asyncio.wait_for(waiting, 10)
+    assert (answer.model_version.version, answer.model_version.checkpoint_path) == (1, str(path))
+    model = load_model(tiny_dir)
+
+    async def load(named, version):
+        load_weights(model, named)
+
+    assert await CheckpointFetch(load)(answer) == 1
+    assert_bit_equal(model, new)
+
+
+async def test_synchronizer_hook_and_gate_move_memory_weights(tiny_dir, sync_server, sync_clients):
+    """The trainer hook publishes after each step; the explorer gate holds step 2 until version 1 is loaded."""
+    core, address = await sync_server(method="memory")
+    trainer = await sync_clients(address, "trainer", "trainer")
+    explorer = await sync_clients(address, "e0", "explorer")
+    source, target = load_model(tiny_dir), load_model(tiny_dir)
+    loaded: list[int] = []
+
+    async def publish():
+        sd = perturbed_state_dict(source, seed=10 + core.trainer_step)
+        await trainer.push_weights(sd, version=core.trainer_step, step=core.trainer_step)
+        publish.last = sd
+
+    class Result:
+        def __init__(self, version):
+            self.version, self.step, self.checkpoint_path = version, version, ""
+
+    async def sync():
+        await publish()
+        return Result(core.trainer_step)
+
+    async def load(named, version):
+        load_weights(target, named)
+        loaded.append(version)
+
+    hook = TrainerSyncHook(trainer, "memory", sync)
+    gate = ExplorerSyncGate(explorer, MemoryFetch(explorer, load), timeout_s=20)
+    await gate.before_step(1, 0)  # nothing needed yet
+    blocked = asyncio.create_task(gate.before_step(2, 0))
+    await core.wait_until(lambda: core.members["e0"].status.name == "REQUIRE_SYNC", 10)
+    metrics = await hook.after_step(1)
+    assert metrics["sync/model_version"] == 1.0
+    await asyncio.wait_for(blocked, 10)
+    assert loaded == [1] and gate.held == 1 and core.members["e0"].model_version == 1
+    assert_bit_equal(target, publish.last)
