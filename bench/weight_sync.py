@@ -1,0 +1,331 @@
+"""Weight sync: time to move a 10M- and a 50M-parameter model (fp32) from the trainer into an explorer's
+model, for each `synchronizer.sync_method`, against a raw transfer of the same bytes.
+
+- nccl (gloo on CPU): two processes; rank 0 `BroadcastGroup.send`s the state dict (64 MiB buckets),
+  rank 1 `load_weights(model, group.receive())`; timed on rank 0 until every receiver acknowledged
+  having loaded everything. Baseline: `torch.distributed.broadcast` of one flat buffer of the same
+  bytes in a regular gloo process group, plus the same one-integer all-reduce as completion.
+- memory: a `python -m services.synchronizer` process (sync_method memory); the trainer client
+  `push_weights` (safetensors chunks of 4 MiB), the explorer client `pull_weights` and `load_weights`.
+  Baseline: a bare grpc.aio server in its own process; the same number of bytes streamed to it in
+  4 MiB messages (client stream) and streamed back (server stream), no (de)serialization.
+- checkpoint: `CheckpointStore.save` (atomic, fsynced) then `read_state_dict` + `load_weights`
+  (no baseline; reported for comparison).
+Interleaved repetitions, median. Last line: one JSON object with the figures, the baselines, "ratio"
+(baseline time / ours; top-level = the nccl method) and "target" (nccl <= 1.5x raw: 0.67; memory <=
+2x raw: 0.5).
+
+    python bench/weight_sync.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "protos")]
+
+import grpc  # noqa: E402
+import torch  # noqa: E402
+from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
+
+from services.common.rpc import create_channel  # noqa: E402
+from services.common.sync_client import SyncClient  # noqa: E402
+from services.common.weight_sync import (  # noqa: E402
+    BroadcastGroup,
+    CheckpointStore,
+    GroupInfo,
+    free_port,
+    load_weights,
+    read_state_dict,
+    specs_of,
+)
+
+SIZES = {  # name -> (vocab, hidden, intermediate, layers, heads, kv heads)
+    "10M": (8192, 256, 1024, 8, 4, 2),
+    "50M": (16384, 512, 2048, 10, 8, 2),
+}
+_T0 = time.perf_counter()
+CHUNK = 4 << 20
+BUCKET = 64 << 20
+RAW_SERVICE = "bench.RawBytes"
+
+
+def progress(msg: str) -> None:
+    print(f"[{time.perf_counter() - _T0:7.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+def build_model(size: str, seed: int) -> Qwen2ForCausalLM:
+    vocab, hidden, inter, layers, heads, kv = SIZES[size]
+    cfg = Qwen2Config(
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv, tie_word_embeddings=True, max_position_embeddings=512,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(cfg).eval()
+
+
+def nbytes_of(sd) -> int:
+    seen, total = set(), 0
+    for t in sd.values():
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+    return total
+
+
+def unique_state_dict(model) -> dict[str, torch.Tensor]:
+    """What a trainer sends: one entry per tensor (the tied lm_head is the embedding)."""
+    seen, out = set(), {}
+    for name, t in model.state_dict().items():
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            out[name] = t
+    return out
+
+
+# ---- nccl method: two worker processes -------------------------------------------------------------
+def _dist_worker(rank: int, conn, raw_port: int) -> None:
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{raw_port}", rank=rank, world_size=2)
+    models = {s: build_model(s, seed=1 if rank == 0 else 2) for s in SIZES}
+    sds = {s: unique_state_dict(m) for s, m in models.items()}
+    groups: dict[str, BroadcastGroup] = {}
+    while True:
+        cmd = conn.recv()
+        if cmd is None:
+            break
+        what, size, arg = cmd
+        if what == "join":
+            groups[size] = BroadcastGroup.join(arg, rank)
+            conn.send(None)
+            continue
+        sd, total = sds[size], nbytes_of(sds[size])
+        dist.barrier()
+        t0 = time.perf_counter()
+        if what == "ours":
+            if rank == 0:
+                groups[size].send(arg, sd)
+            else:
+                load_weights(models[size], groups[size].receive(arg))
+        else:  # raw: one flat buffer of the same bytes, then the same completion all-reduce
+            flat = torch.empty(total, dtype=torch.uint8) if rank else _flat(sd)
+            dist.broadcast(flat, 0)
+            dist.all_reduce(torch.ones(1, dtype=torch.int64), op=dist.ReduceOp.MIN)
+        conn.send(time.perf_counter() - t0)
+    for g in groups.values():
+        g.close()
+    dist.destroy_process_group()
+
+
+def _flat(sd) -> torch.Tensor:
+    return torch.cat([t.reshape(-1).view(torch.uint8) for t in sd.values()])
+
+
+class DistPair:
+    def __init__(self):
+        ctx = mp.get_context("spawn")
+        port = free_port()
+        self.conns, self.procs = [], []
+        for rank in (0, 1):
+            parent, child = ctx.Pipe()
+            p = ctx.Process(target=_dist_worker, args=(rank, child, port), daemon=True)
+            p.start()
+            self.conns.append(parent)
+            self.procs.append(p)
+
+    def run(self, what: str, size: str, arg) -> float:
+        for c in self.conns:
+            c.send((what, size, arg))
+        times = [c.recv() for c in self.conns]
+        return times[0] if what != "join" else 0.0
+
+    def close(self) -> None:
+        for c in self.conns:
+            c.send(None)
+        for p in self.procs:
+            p.join(30)
+
+
+# ---- memory method: synchronizer process + raw gRPC byte server ---------------------------------------
+def _raw_server(port_queue) -> None:
+    async def main():
+        store: list[bytes] = []
+
+        async def push(request_iterator, context):
+            store.clear()
+            async for data in request_iterator:
+                store.append(data)
+            return b""
+
+        async def pull(request, context):
+            for data in store:
+                yield data
+
+        ident = dict(request_deserializer=lambda b: b, response_serializer=lambda b: b)
+        handlers = {
+            "Push": grpc.stream_unary_rpc_method_handler(push, **ident),
+            "Pull": grpc.unary_stream_rpc_method_handler(pull, **ident),
+        }
+        opts = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20)]
+        server = grpc.aio.server(options=opts)
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(RAW_SERVICE, handlers),))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        port_queue.put(port)
+        await server.wait_for_termination()
+
+    asyncio.run(main())
+
+
+def start_synchronizer(workdir: Path) -> tuple[subprocess.Popen, int]:
+    config, port_file = workdir / "sync.yaml", workdir / "sync.port"
+    config.write_text(
+        f"synchronizer:\n  sync_method: memory\n  chunk_bytes: {CHUNK}\nlog:\n  level: WARNING\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.synchronizer", "--config", str(config), "--port-file", str(port_file)],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'protos'}", "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not port_file.exists():
+        if time.monotonic() > deadline or proc.poll() is not None:
+            raise RuntimeError("the synchronizer did not start")
+        time.sleep(0.05)  # ok-sleep: polling for the port file with a deadline
+    return proc, int(port_file.read_text())
+
+
+async def memory_ours(trainer: SyncClient, explorer: SyncClient, sd, model, version: int) -> float:
+    t0 = time.perf_counter()
+    await trainer.push_weights(sd, version=version, chunk_bytes=CHUNK)
+    _, got = await explorer.pull_weights()
+    load_weights(model, got)
+    return time.perf_counter() - t0
+
+
+async def memory_raw(channel: grpc.aio.Channel, pieces: list[bytes]) -> float:
+    push = channel.stream_unary(f"/{RAW_SERVICE}/Push", request_serializer=None, response_deserializer=None)
+    pull = channel.unary_stream(f"/{RAW_SERVICE}/Pull", request_serializer=None, response_deserializer=None)
+    t0 = time.perf_counter()
+    await push(iter(pieces))
+    received = [d async for d in pull(b"")]
+    assert sum(map(len, received)) == sum(map(len, pieces))
+    return time.perf_counter() - t0
+
+
+def checkpoint_ours(store: CheckpointStore, sd, model, version: int) -> float:
+    t0 = time.perf_counter()
+    path = store.save(version, sd)
+    load_weights(model, read_state_dict(path))
+    return time.perf_counter() - t0
+
+
+# ---- driver ----------------------------------------------------------------------------------------
+async def run(reps: int) -> dict:
+    torch.set_num_threads(1)
+    trainers = {s: build_model(s, 1) for s in SIZES}
+    explorers = {s: build_model(s, 2) for s in SIZES}
+    sds = {s: unique_state_dict(m) for s, m in trainers.items()}
+    pieces = {s: [b.numpy().tobytes() for b in _flat(sd).split(CHUNK)] for s, sd in sds.items()}
+    times: dict[str, dict[str, list[float]]] = {s: {} for s in SIZES}
+    progress("models built")
+    pair = DistPair()
+    for i, size in enumerate(SIZES):
+        info = GroupInfo("127.0.0.1", free_port(), 2, tuple(specs_of(sds[size])), generation=i + 1,
+                         backend="gloo", timeout_s=600, bucket_bytes=BUCKET)  # fmt: skip
+        pair.run("join", size, info)
+    progress("broadcast groups joined")
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    raw_proc = ctx.Process(target=_raw_server, args=(q,), daemon=True)
+    raw_proc.start()
+    raw_channel = create_channel(f"127.0.0.1:{q.get(timeout=120)}", timeout_s=600)
+    with tempfile.TemporaryDirectory() as tmp:
+        sync_proc, port = start_synchronizer(Path(tmp))
+        mk = lambda mid, role: SyncClient(  # noqa: E731
+            create_channel(f"127.0.0.1:{port}", timeout_s=600), mid, role, timeout_s=60, sync_timeout_s=600,
+            owns_channel=True,
+        )  # fmt: skip
+        trainer, explorer = mk("trainer", "trainer"), mk("explorer", "explorer")
+        await trainer.register()
+        await explorer.register()
+        progress("servers up")
+        store = CheckpointStore(Path(tmp) / "state_dicts", keep=1)
+        version = 0
+        try:
+            for rep in range(reps + 1):  # repetition 0 warms up and is dropped
+                for size in SIZES:
+                    version += 1
+                    row = {
+                        "nccl": pair.run("ours", size, version),
+                        "nccl_raw": pair.run("raw", size, None),
+                        "memory": await memory_ours(trainer, explorer, sds[size], explorers[size], version),
+                        "memory_raw": await memory_raw(raw_channel, pieces[size]),
+                        "checkpoint": checkpoint_ours(store, sds[size], explorers[size], version),
+                    }
+                    progress(f"rep {rep} {size}: " + " ".join(f"{k}={v:.3f}" for k, v in row.items()))
+                    if rep:
+                        for k, v in row.items():
+                            times[size].setdefault(k, []).append(v)
+            assert all(torch.equal(a, b) for a, b in zip(trainers["50M"].state_dict().values(),
+                                                           explorers["50M"].state_dict().values(), strict=True))  # fmt: skip
+        finally:
+            progress("closing")
+            await trainer.close()
+            await explorer.close()
+            await raw_channel.close()
+            sync_proc.terminate()
+            sync_proc.wait(30)
+            raw_proc.terminate()
+            pair.close()
+    return {s: {k: statistics.median(v) for k, v in t.items()} for s, t in times.items()}, sds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="3 repetitions instead of 7")
+    args = parser.parse_args()
+    reps = 3 if args.quick else 7
+    med, sds = asyncio.run(run(reps))
+    progress("done")
+    out: dict = {"unit": "seconds (median)", "repetitions": reps, "dtype": "float32", "sizes": {}}
+    print(f"{'model':>6} {'MB':>7} {'nccl(gloo)':>11} {'raw bcast':>10} {'ratio':>6} "
+          f"{'memory':>8} {'raw grpc':>9} {'ratio':>6} {'checkpoint':>11}")  # fmt: skip
+    for size, m in med.items():
+        mb = nbytes_of(sds[size]) / 1e6
+        rn, rm = m["nccl_raw"] / m["nccl"], m["memory_raw"] / m["memory"]
+        print(f"{size:>6} {mb:7.1f} {m['nccl']:11.3f} {m['nccl_raw']:10.3f} {rn:6.2f} "
+              f"{m['memory']:8.3f} {m['memory_raw']:9.3f} {rm:6.2f} {m['checkpoint']:11.3f}")  # fmt: skip
+        out["sizes"][size] = {
+            "megabytes": round(mb, 1),
+            "nccl": {"ours_s": m["nccl"], "baseline_s": m["nccl_raw"], "ratio": round(rn, 3), "target": 0.67},
+            "memory": {
+                "ours_s": m["memory"],
+                "baseline_s": m["memory_raw"],
+                "ratio": round(rm, 3),
+                "target": 0.5,
+            },
+            "checkpoint": {"ours_s": m["checkpoint"]},
+        }
+    big = out["sizes"]["50M"]
+    out["ratio"] = big["nccl"]["ratio"]
+    out["target"] = 0.67
+    out["memory_ratio"] = big["memory"]["ratio"]
+    out["memory_target"] = 0.5
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
