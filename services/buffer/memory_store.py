@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from services.buffer.records import (
-    BufferFull,
     GroupRecord,
     LeaseError,
     LeaseOutcome,
@@ -22,6 +21,7 @@ from services.buffer.records import (
     PutOutcome,
     StoreStats,
     add_versions,
+    admit,
 )
 from services.buffer.store import STORES
 
@@ -80,13 +80,16 @@ class MemoryStore:
     async def put(
         self, groups: Sequence[GroupRecord], *, producer: str = "", sequence: int = 0
     ) -> PutOutcome:
-        if producer and sequence and self._producers.get(producer, 0) >= sequence:
+        total = admit(
+            groups,
+            size=self._size,
+            capacity=self.capacity,
+            producers=self._producers,
+            producer=producer,
+            sequence=sequence,
+        )
+        if total is None:
             return PutOutcome(stored=0, duplicate=True)
-        total = sum(g.n for g in groups)
-        if self._size + total > self.capacity:
-            raise BufferFull(
-                f"buffer full: {self._size} stored + {total} new > capacity {self.capacity} experiences"
-            )
         for record in groups:
             self._entries[self._next_seq] = record
             self._next_seq += 1

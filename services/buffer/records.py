@@ -242,3 +242,23 @@ def add_versions(total: dict[int, int], versions: Iterable[tuple[int, int]], sig
         total[v] = total.get(v, 0) + sign * c
         if total[v] == 0:
             del total[v]
+
+
+def admit(
+    groups: Sequence[GroupRecord],
+    *,
+    size: int,
+    capacity: int,
+    producers: dict[str, int],
+    producer: str,
+    sequence: int,
+) -> int | None:
+    """Idempotency and capacity check of the in-process stores: None for a batch this producer already
+    stored (same or older sequence), else the number of experiences to add; BufferFull when they don't fit.
+    The caller records `producers[producer] = sequence` once the groups are stored."""
+    if producer and sequence and producers.get(producer, 0) >= sequence:
+        return None
+    total = sum(g.n for g in groups)
+    if size + total > capacity:
+        raise BufferFull(f"buffer full: {size} stored + {total} new > capacity {capacity} experiences")
+    return total

@@ -19,7 +19,6 @@ from rft.v1 import buffer_pb2
 
 from services.buffer.memory_store import now_ms
 from services.buffer.records import (
-    BufferFull,
     GroupRecord,
     LeaseError,
     LeaseOutcome,
@@ -27,6 +26,7 @@ from services.buffer.records import (
     PutOutcome,
     StoreStats,
     add_versions,
+    admit,
     encode_member,
 )
 
@@ -91,11 +91,16 @@ class ReplayStore:
     async def put(
         self, groups: Sequence[GroupRecord], *, producer: str = "", sequence: int = 0
     ) -> PutOutcome:
-        if producer and sequence and self._producers.get(producer, 0) >= sequence:
+        total = admit(
+            groups,
+            size=self._size,
+            capacity=self.capacity,
+            producers=self._producers,
+            producer=producer,
+            sequence=sequence,
+        )
+        if total is None:
             return PutOutcome(stored=0, duplicate=True)
-        total = sum(g.n for g in groups)
-        if self._size + total > self.capacity:
-            raise BufferFull(f"buffer full: {self._size} stored + {total} new > capacity {self.capacity}")
         for record in groups:
             self._items[self._next_seq] = _Item(self._next_seq, record)
             self._next_seq += 1
