@@ -4,7 +4,8 @@ The core (rank 0) sees only `TrainEngine` (Trinity-RFT's `TrainEngineWrapper`, m
 step on a collated batch, checkpoint save / wait / load, and the full state dict for weight sync.
 `FSDPEngine` runs each call on every rank: it broadcasts a `Command` to the worker ranks (sitting
 in `serve_workers`) and runs the same `FSDPWorker` method itself.  Engine calls are blocking torch
-work; the core runs them in a thread, one at a time.
+work; the core runs them in a thread, one at a time.  The `fsdp` argument only picks the wrapping
+(None: FSDP2 with several ranks or on CUDA, the plain module in one CPU process; `fsdp.uses_fsdp`).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class TrainEngine(Protocol):
 class FSDPEngine:
     """`TrainEngine` over `FSDPWorker`s on every rank of the default process group."""
 
-    def __init__(self, settings: TrainerSettings, info: DistInfo):
+    def __init__(self, settings: TrainerSettings, info: DistInfo, fsdp: bool | None = None):
         for name, size in (
             ("train batch", settings.train_batch_size),
             ("mini-batch", settings.mini_batch_size),
@@ -62,7 +63,7 @@ class FSDPEngine:
             if size % info.world_size:
                 raise ValueError(f"{name} size {size} is not a multiple of the world size {info.world_size}")
         self.info = info
-        self.worker = FSDPWorker(settings, info)
+        self.worker = FSDPWorker(settings, info, fsdp)
         w = self.worker
         self.channel = CommandChannel(
             info,

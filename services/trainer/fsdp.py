@@ -2,8 +2,17 @@
 
 `shard_model` applies `fully_shard` to every decoder layer and then to the root (the layout
 veRL and torchtitan use), with bf16 parameters / fp32 gradient reduction on CUDA and plain fp32 on
-CPU.  With world size 1 the same code runs on a mesh of one device.  Full state dicts are gathered
-with `get_model_state_dict(full_state_dict=True, cpu_offload=True)`, keyed by HF parameter names.
+CPU.  Full state dicts are gathered with `get_model_state_dict(full_state_dict=True,
+cpu_offload=True)`, keyed by HF parameter names.
+
+Only the wrapping is conditional (`uses_fsdp`): with several ranks, or on CUDA (where FSDP2's
+policy gives the bf16 compute), the module is sharded; a single CPU process has nothing to shard,
+and FSDP2 would still copy every parameter into and out of its flat all-gather buffers on each
+forward and backward (about a third of a step on a small model), so there the plain module is
+used.  Everything else — actor, critic, optimizer, gradient clipping, checkpoints, state dicts —
+is one code path: the helpers below accept both plain and sharded modules (plain tensors are the
+one-rank case of `DTensor` shards), and `tests/unit/trainer` checks that a forced one-rank FSDP2
+step equals the plain one.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ __all__ = [
     "load_full_state_dict",
     "reshard_after_inference",
     "shard_model",
+    "uses_fsdp",
 ]
 
 
@@ -47,12 +57,26 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     raise ValueError(f"cannot find the decoder layers of {type(model).__name__}")
 
 
-def shard_model(model: nn.Module, info: DistInfo, *, reshard_after_forward: bool | None = None) -> nn.Module:
+def uses_fsdp(info: DistInfo) -> bool:
+    """Whether `shard_model` wraps: with several ranks or on CUDA (see the module docstring)."""
+    return info.world_size > 1 or info.device.type == "cuda"
+
+
+def shard_model(
+    model: nn.Module,
+    info: DistInfo,
+    *,
+    fsdp: bool | None = None,
+    reshard_after_forward: bool | None = None,
+) -> nn.Module:
     """`fully_shard` each decoder layer, then the root; returns the same (now FSDP) module.
 
+    `fsdp` None means `uses_fsdp(info)`; when False the module is returned unwrapped.
     `reshard_after_forward` defaults to True only with several ranks: with one rank resharding
     saves no memory and would repeat the parameter all-gather in backward.
     """
+    if not (uses_fsdp(info) if fsdp is None else fsdp):
+        return model
     if reshard_after_forward is None:
         reshard_after_forward = info.world_size > 1
     mesh = init_device_mesh(info.device.type, (info.world_size,))

@@ -7,6 +7,9 @@ the same method when rank 0's `CommandChannel` broadcasts it.  One train step is
     -> reward shaping + advantages (by name) -> critic update -> actor update -> LR schedulers
 
 followed by `compute_data_metrics` and timing / throughput metrics.
+
+Models are wrapped by `fsdp.shard_model`: FSDP2 with several ranks or on CUDA, the plain module in
+a single CPU process (`fsdp` forces either; the rest of the code does not depend on the choice).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from services.trainer.checkpoint import CheckpointManager, Role
 from services.trainer.collate import StepBatch
 from services.trainer.critic import Critic, load_value_model
 from services.trainer.distributed import DistInfo
-from services.trainer.fsdp import full_state_dict, shard_model
+from services.trainer.fsdp import full_state_dict, shard_model, uses_fsdp
 from services.trainer.optim import build_optimizer, build_scheduler
 from services.trainer.settings import TrainerSettings
 
@@ -46,9 +49,10 @@ def _timer(timings: dict[str, float], name: str) -> Iterator[None]:
 class FSDPWorker:
     """The models of one rank and the collective operations on them."""
 
-    def __init__(self, settings: TrainerSettings, info: DistInfo):
+    def __init__(self, settings: TrainerSettings, info: DistInfo, fsdp: bool | None = None):
         self.settings = settings
         self.info = info
+        self.fsdp = uses_fsdp(info) if fsdp is None else fsdp
         torch.manual_seed(settings.seed)
         dtype = "float32"  # master weights; bf16 compute on CUDA comes from the FSDP2 policy
         policy = load_model(settings.model_path, dtype=dtype)
@@ -56,7 +60,7 @@ class FSDPWorker:
         self.generation_config = getattr(policy, "generation_config", None)
         self.tokenizer = load_tokenizer(settings.model_path)
         self.pad_token_id = int(self.tokenizer.pad_token_id or 0)
-        self.policy = shard_model(policy.to(info.device), info)
+        self.policy = shard_model(policy.to(info.device), info, fsdp=self.fsdp)
         optim = build_optimizer(self.policy, settings.actor_optim)
         self.actor = Actor(self.policy, optim, settings, info)
         self.actor_scheduler = build_scheduler(optim, settings.actor_optim, settings.total_steps)
@@ -64,12 +68,14 @@ class FSDPWorker:
         if settings.use_reference:
             ref = load_model(settings.model_path, dtype=dtype).to(info.device)
             ref.requires_grad_(False)
-            self.ref = Actor(shard_model(ref.eval(), info), None, settings, info)
+            self.ref = Actor(shard_model(ref.eval(), info, fsdp=self.fsdp), None, settings, info)
         self.critic: Critic | None = None
         self.critic_scheduler = None
         if settings.use_critic:
             value_model = shard_model(
-                load_value_model(settings.critic_model_path, dtype, settings.seed).to(info.device), info
+                load_value_model(settings.critic_model_path, dtype, settings.seed).to(info.device),
+                info,
+                fsdp=self.fsdp,
             )
             critic_optim = build_optimizer(value_model, settings.critic_optim)
             self.critic = Critic(value_model, critic_optim, settings, info)

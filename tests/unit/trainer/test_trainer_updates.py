@@ -1,4 +1,5 @@
-"""Policy and critic updates on the tiny model (world size 1, the FSDP2 code path).
+"""Policy and critic updates on the tiny model (world size 1: the plain module on CPU, the same
+actor/critic code as FSDP2; one test forces the one-rank FSDP2 wrapping and compares).
 
 Gradients are compared rather than weights: Adam's first step is ~lr·sign(g), which turns
 1e-8 differences of near-zero gradients into lr-sized weight differences.
@@ -25,9 +26,9 @@ def model_dir(tmp_path_factory):
     return make_tiny_model(tmp_path_factory.mktemp("tiny"))
 
 
-def make_engine(model_dir, root, **sections) -> FSDPEngine:
+def make_engine(model_dir, root, fsdp: bool | None = None, **sections) -> FSDPEngine:
     settings = TrainerSettings.from_config(make_config(model_dir, root, **sections))
-    return FSDPEngine(settings, ensure_process_group())
+    return FSDPEngine(settings, ensure_process_group(), fsdp=fsdp)
 
 
 def grads(engine: FSDPEngine) -> dict[str, torch.Tensor]:
@@ -147,3 +148,24 @@ def test_non_finite_grad_norm_skips_the_step(model_dir, tmp_path):
     assert metrics["actor/skipped_updates"] == 1.0
     after = dict(engine.iter_state_dict())
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_one_rank_fsdp2_step_equals_plain_module_step(model_dir, tmp_path):
+    """The wrapping is the only difference between one CPU process and FSDP2 (`fsdp.uses_fsdp`)."""
+    exps = make_experiences(8, group_size=4, seed=7)
+    alg = {"kl_loss_fn": "k3", "entropy_loss_fn_args": {"entropy_coef": 0.01}}
+    plain = make_engine(model_dir, tmp_path / "p", algorithm=alg, trainer={"micro_batch_size_per_gpu": 2})
+    sharded = make_engine(
+        model_dir, tmp_path / "s", fsdp=True, algorithm=alg, trainer={"micro_batch_size_per_gpu": 2}
+    )
+    assert not plain.worker.fsdp and sharded.worker.fsdp
+    assert not any(isinstance(p, DTensor) for p in plain.worker.policy.parameters())
+    assert all(isinstance(p, DTensor) for p in sharded.worker.policy.parameters())
+    m_plain, m_sharded = plain.train_step(collate(exps)), sharded.train_step(collate(exps))
+    g_plain, g_sharded = grads(plain), grads(sharded)
+    for name in g_plain:
+        torch.testing.assert_close(g_sharded[name], g_plain[name], atol=1e-6, rtol=0)
+    for key in ("actor/pg_loss", "actor/entropy", "actor/kl_loss", "actor/grad_norm", "actor/ppo_kl"):
+        assert m_sharded[key] == pytest.approx(m_plain[key], rel=1e-5, abs=1e-7), key
+    w_plain, w_sharded = dict(plain.iter_state_dict()), dict(sharded.iter_state_dict())
+    assert w_plain.keys() == w_sharded.keys()
