@@ -28,9 +28,9 @@ from torch import nn
 
 from services.trainer.algorithms import (
     agg_loss,
-    compute_entropy_from_logits,
     compute_kl_loss,
     get_policy_loss_fn,
+    logprobs_and_entropy,
     logprobs_from_logits,
 )
 from services.trainer.collate import StepBatch, pack
@@ -43,9 +43,19 @@ __all__ = ["Actor", "agg_normaliser", "policy_forward"]
 
 
 def policy_forward(
-    module: nn.Module, micro: StepBatch, temperature: float, device: torch.device, entropy: bool = False
+    module: nn.Module,
+    micro: StepBatch,
+    temperature: float,
+    device: torch.device,
+    entropy: bool = False,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs (and entropy) of the response tokens of `micro`, ``(rows, response_length)``."""
+    """Log-probs (and entropy) of the response tokens of `micro`, ``(rows, response_length)``.
+
+    The LM head runs only at the positions that predict response tokens; log-probs and entropy
+    share one logsumexp (`logprobs_and_entropy`), and the entropy carries a gradient only with
+    `entropy_grad` (a non-zero entropy coefficient), otherwise it is a no-grad metric.
+    """
     packed = pack(micro).to(device)
     out = module(
         input_ids=packed.input_ids,
@@ -53,10 +63,14 @@ def policy_forward(
         logits_to_keep=packed.logit_positions,
         use_cache=False,
     )
-    logits = out.logits[0].float() / temperature  # (N, vocab)
-    log_probs = packed.unpack(logprobs_from_logits(logits, packed.labels.to(device)))
-    ent = packed.unpack(compute_entropy_from_logits(logits)) if entropy else None
-    return log_probs, ent
+    logits = out.logits[0].float()  # (N, vocab)
+    if temperature != 1.0:
+        logits = logits / temperature
+    labels = packed.labels.to(device)
+    if not entropy:
+        return packed.unpack(logprobs_from_logits(logits, labels)), None
+    log_probs, ent = logprobs_and_entropy(logits, labels, entropy_grad=entropy_grad)
+    return packed.unpack(log_probs), packed.unpack(ent)
 
 
 def agg_normaliser(mask: torch.Tensor, loss_agg_mode: str) -> float:
@@ -157,20 +171,31 @@ class Actor:
         }
 
     def _mini_batch_step(self, mini: StepBatch, params: list[nn.Parameter]) -> tuple[torch.Tensor, float]:
+        """Accumulate the micro-batch gradients of one mini-batch, clip, step.
+
+        Returns the six summed metrics (see `update_policy`) and the grad norm.  The loss metrics
+        stay tensors on the device until the end of the mini-batch (one transfer, not one sync per
+        micro-batch); the policy loss functions report their own metrics as floats.
+        """
         assert self.optimizer is not None
-        mode, world = self.loss_agg_mode, self.info.world_size
+        mode, world, dev = self.loss_agg_mode, self.info.world_size, self.info.device
         global_mask = mini.batch.response_mask
         global_norm = agg_normaliser(global_mask, mode)
         global_tokens = max(float(global_mask.sum()), 1.0)
-        sums = torch.zeros(6, dtype=torch.float64)
+        losses = torch.zeros(3, dtype=torch.float64, device=dev)  # pg_loss, entropy, kl_loss
+        loss_fn_metrics = torch.zeros(3, dtype=torch.float64)  # clipfrac, ppo_kl, clipfrac_lower
         self.optimizer.zero_grad(set_to_none=True)
         for rows in local_micro_batches(mini, self.info, self.batching):
             micro = mini.rows(rows)
             b = micro.batch
-            dev = self.info.device
             mask = b.response_mask.to(dev)
             log_prob, entropy = policy_forward(
-                self.module, micro, self.settings.temperature, dev, entropy=True
+                self.module,
+                micro,
+                self.settings.temperature,
+                dev,
+                entropy=True,
+                entropy_grad=self.entropy_coef != 0.0,
             )
             assert entropy is not None
             pg_loss, pg_metrics = self.loss_fn(
@@ -181,32 +206,34 @@ class Actor:
                 mode,
                 dict(self.loss_cfg),
             )
-            ent_loss = agg_loss(entropy if self.entropy_coef else entropy.detach(), mask, mode)
-            loss = pg_loss - self.entropy_coef * ent_loss
-            kl_value = 0.0
+            ent_loss = agg_loss(entropy, mask, mode)
+            loss = pg_loss - self.entropy_coef * ent_loss if self.entropy_coef else pg_loss
+            kl_loss = torch.zeros((), device=dev)
             if self.kl_coef:
                 kl_loss, _ = compute_kl_loss(
                     log_prob, b.ref_log_probs.to(dev), mask, self.settings.preset.kl_loss_fn, mode
                 )
                 loss = loss + self.kl_coef * kl_loss
-                kl_value = float(kl_loss.detach())
             scale = agg_normaliser(b.response_mask, mode) / global_norm if global_norm else 0.0
             (loss * (scale * world)).backward()
             token_share = float(b.response_mask.sum()) / global_tokens
-            sums += torch.tensor(
-                [
-                    float(pg_loss.detach()) * scale,
-                    pg_metrics.get("actor/pg_clipfrac", 0.0) * token_share,
-                    pg_metrics.get("actor/ppo_kl", 0.0) * token_share,
-                    float(ent_loss.detach()) * scale,
-                    kl_value * scale,
-                    pg_metrics.get("actor/pg_clipfrac_lower", 0.0) * token_share,
-                ],
-                dtype=torch.float64,
+            losses += torch.stack([pg_loss.detach(), ent_loss.detach(), kl_loss.detach()]).double() * scale
+            loss_fn_metrics += (
+                torch.tensor(
+                    [
+                        pg_metrics.get("actor/pg_clipfrac", 0.0),
+                        pg_metrics.get("actor/ppo_kl", 0.0),
+                        pg_metrics.get("actor/pg_clipfrac_lower", 0.0),
+                    ],
+                    dtype=torch.float64,
+                )
+                * token_share
             )
         grad_norm = clip_grad_norm(params, self.settings.actor_optim.grad_clip)
         if math.isfinite(grad_norm):
             self.optimizer.step()
         else:
             self.optimizer.zero_grad(set_to_none=True)
-        return sums, grad_norm
+        pg, ent, kl = losses.cpu()
+        clipfrac, ppo_kl, clipfrac_lower = loss_fn_metrics
+        return torch.stack([pg, clipfrac, ppo_kl, ent, kl, clipfrac_lower]), grad_norm

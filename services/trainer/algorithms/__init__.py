@@ -30,7 +30,12 @@ from .advantages_return import (
 )
 from .aggregation import LOSS_AGG_MODES, agg_loss
 from .batch import TrainBatch
-from .entropy import compute_entropy_from_logits, entropy_from_logits_chunked, logprobs_from_logits
+from .entropy import (
+    compute_entropy_from_logits,
+    entropy_from_logits_chunked,
+    logprobs_and_entropy,
+    logprobs_from_logits,
+)
 from .kl import (
     AdaptiveKLController,
     FixedKLController,
@@ -135,6 +140,7 @@ __all__ = [
     "gsm8k_score",
     "kl_penalty",
     "kl_penalty_forward",
+    "logprobs_and_entropy",
     "logprobs_from_logits",
     "make_compute_score",
     "masked_mean",

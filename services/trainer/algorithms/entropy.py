@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["compute_entropy_from_logits", "entropy_from_logits_chunked", "logprobs_from_logits"]
+__all__ = [
+    "compute_entropy_from_logits",
+    "entropy_from_logits_chunked",
+    "logprobs_and_entropy",
+    "logprobs_from_logits",
+]
 
 
 def compute_entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
@@ -46,3 +51,22 @@ def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Te
     z = logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits
     picked = torch.gather(z, -1, labels.unsqueeze(-1)).squeeze(-1)
     return picked - torch.logsumexp(z, dim=-1)
+
+
+def logprobs_and_entropy(
+    logits: torch.Tensor, labels: torch.Tensor, entropy_grad: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``logprobs_from_logits`` and ``compute_entropy_from_logits`` sharing one logsumexp.
+
+    With lse = logsumexp(z):  log π(label) = z[label] − lse;  H = lse − Σ_v exp(z_v − lse)·z_v.
+    Unless ``entropy_grad``, H is computed under no_grad (a metric only: no autograd graph and no
+    saved ``(N, vocab)`` softmax); the log-probs keep their gradient either way.
+    Shapes: logits ``(..., vocab_size)``, labels ``(...)`` (int64) -> two ``(...)`` tensors.
+    """
+    z = logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits
+    lse = torch.logsumexp(z, dim=-1)
+    log_probs = torch.gather(z, -1, labels.unsqueeze(-1)).squeeze(-1) - lse
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        p = torch.exp(z - lse.unsqueeze(-1))
+        entropy = lse - (p * z).sum(dim=-1)
+    return log_probs, entropy

@@ -16,6 +16,7 @@ from services.trainer.algorithms import (
     get_kl_fn,
     kl_penalty,
     kl_penalty_forward,
+    logprobs_and_entropy,
     logprobs_from_logits,
 )
 
@@ -149,6 +150,24 @@ def test_logprobs_from_logits():
     out = logprobs_from_logits(logits, labels)
     expected = torch.log_softmax(logits, dim=-1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
     assert torch.allclose(out, expected, atol=1e-6)
+
+
+def test_logprobs_and_entropy_share_one_logsumexp():
+    g = torch.Generator().manual_seed(7)
+    logits = (torch.randn(5, 11, generator=g) * 3).requires_grad_()
+    labels = torch.randint(0, 11, (5,), generator=g)
+    lp, ent = logprobs_and_entropy(logits, labels)
+    torch.testing.assert_close(lp, logprobs_from_logits(logits, labels), atol=1e-6, rtol=0)
+    torch.testing.assert_close(ent, compute_entropy_from_logits(logits), atol=1e-5, rtol=1e-5)
+    assert lp.requires_grad and not ent.requires_grad  # entropy as a metric: no graph
+    lp_g, ent_g = logprobs_and_entropy(logits, labels, entropy_grad=True)
+    (grad,) = torch.autograd.grad(ent_g.sum(), logits)
+    (expected,) = torch.autograd.grad(compute_entropy_from_logits(logits).sum(), logits)
+    torch.testing.assert_close(grad, expected, atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        assert not logprobs_and_entropy(logits, labels, entropy_grad=True)[1].requires_grad
+    bf_lp, bf_ent = logprobs_and_entropy(logits.detach().bfloat16(), labels)
+    assert bf_lp.dtype == bf_ent.dtype == torch.float32
 
 
 def test_value_loss_matches_loop_reference():
