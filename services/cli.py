@@ -1,4 +1,4 @@
-"""The `rft` command: make a local tiny model, check and show configs, serve a service."""
+"""The `rft` command: run a whole run, make a local tiny model, check and show configs, serve a service."""
 
 from __future__ import annotations
 
@@ -61,6 +61,21 @@ def config_show(file: Path, set_: SetOpt = None) -> None:
     }
     typer.echo(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False), nl=False)
     typer.echo(yaml.safe_dump({"resolved": derived}, sort_keys=False), nl=False)
+
+
+@app.command("run")
+def run_cmd(
+    config: Annotated[Path, typer.Option("--config", "-c", help="run config YAML")],
+    set_: SetOpt = None,
+    explorers: Annotated[int, typer.Option(help="explorer processes (each reads shard i/n)")] = 1,
+) -> None:
+    """Run CONFIG end to end as local processes: progress, then a summary and the checkpoint path.
+
+    Exit 0 finished, 1 a service failed (named, with its last log lines), 2 bad config,
+    130 stopped by Ctrl-C (run it again to continue from the checkpoints)."""
+    from services.launch import run
+
+    raise typer.Exit(run(config, set_ or [], explorers=explorers))
 
 
 @app.command("make-tiny-model")

@@ -1,0 +1,168 @@
+"""`rft run`: a whole run as local processes on loopback, one stage after another.
+
+Not a service: it starts the services (`python -m services.<name> --config FILE`) and talks to them
+only through their process interface (port file, gRPC health, SIGTERM) and the files they write
+(metrics, checkpoints). It imports `services.common` and libraries only.
+
+    plan.py          stages, which processes each mode needs, the config every process reads
+    preflight.py     Redis answers, monitor package installed, model folder there (before any start)
+    processes.py     one child process: log file, port file, health, SIGTERM then SIGKILL
+    runner.py        one stage: start in waves, supervise, stop in order
+    offline_data.py  SFT rows -> experiences into a train stage's buffer
+    progress.py      live progress from metrics/*.jsonl (rich on a TTY, log lines otherwise)
+    summary.py       summary.json per stage and for the run
+
+Exit codes (`run` returns them): 0 finished, 1 a runtime failure (the failing service is named with
+its last log lines), 2 a bad config, 130 stopped by SIGINT/SIGTERM (checkpoints flushed; run it again
+to continue from them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from services.common.config import ConfigError, RFTConfig, load_config, resolve
+from services.launch.plan import Stage, plan_stages
+from services.launch.preflight import PreflightError, preflight
+from services.launch.runner import StageFailed, StageOptions, StageRun, train_batch_size
+from services.launch.summary import last_hf_export, read_summary, run_summary, stage_summary, write_summary
+
+__all__ = ["run"]
+
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+def _err(message: str) -> None:
+    print(f"rft run: {message}", file=sys.stderr, flush=True)
+
+
+async def _run_stages(
+    config: RFTConfig, stages: list[Stage], opts: StageOptions, stop: asyncio.Event, active: list[StageRun]
+) -> tuple[str, list[tuple[str, dict]], StageFailed | None]:
+    results: list[tuple[str, dict]] = []
+    model_path = stages[0].config.model.model_path
+    multi = len(stages) > 1 or bool(stages[0].name)
+    for i, stage in enumerate(stages):
+        label = stage.name or config.name
+        summary_file = stage.job_dir / "summary.json"
+        previous = read_summary(summary_file) if multi else None
+        if multi and config.continue_from_checkpoint and previous and previous.get("status") == "finished":
+            print(f"[{label}] finished in an earlier run; continuing from it", flush=True)
+            results.append((stage.name, previous))
+        else:
+            t0 = time.monotonic()
+            status, failure = "failed", None
+            run = StageRun(stage, model_path, opts, multi, label)
+            active[:] = [run]
+            try:
+                status = await run.run(stop)
+            except StageFailed as exc:
+                failure = exc
+            finally:
+                active.clear()
+            summary = stage_summary(stage.job_dir, status, time.monotonic() - t0, train_batch_size(stage))
+            if multi:
+                write_summary(summary_file, summary)
+            results.append((stage.name, summary))
+            if status != "finished":
+                return status, results, failure
+        if i + 1 < len(stages):
+            export = last_hf_export(stage.job_dir)
+            if export is None:
+                return "failed", results, StageFailed(
+                    label, f"left no HF export in {stage.job_dir} for the next stage "
+                    "(set trainer.save_hf_checkpoint: last)")  # fmt: skip
+            model_path = str(export)
+    return "finished", results, None
+
+
+async def _main(config: RFTConfig, stages: list[Stage], opts: StageOptions) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    signals_seen = [0]
+    active: list[StageRun] = []
+
+    def on_signal(signum: int) -> None:
+        signals_seen[0] += 1
+        if signals_seen[0] == 1:
+            print(f"\nrft run: {signal.Signals(signum).name}: stopping the services "
+                  "(checkpoints are flushed; again to kill them)", file=sys.stderr, flush=True)  # fmt: skip
+            stop.set()
+        else:
+            for run in active:
+                run.kill_all()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal, sig)
+    t0 = time.monotonic()
+    try:
+        status, results, failure = await _run_stages(config, stages, opts, stop, active)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    summary = run_summary(results, status, time.monotonic() - t0)
+    top = resolve(config).job_dir / "summary.json"
+    write_summary(top, summary)
+    if failure is not None:
+        where = f" ({failure.log_file})" if failure.log_file else ""
+        _err(f"the {failure.service} failed: {failure.message}")
+        if failure.log_tail:
+            print(f"--- last lines of the {failure.service} log{where} ---\n{failure.log_tail}\n---",
+                  file=sys.stderr, flush=True)  # fmt: skip
+        print(f"summary: {top}", flush=True)
+        return EXIT_FAILED
+    if status == "interrupted":
+        print(f"rft run: stopped; run the same command again to continue. summary: {top}", flush=True)
+        return EXIT_INTERRUPTED
+    _print_done(summary, top)
+    return EXIT_OK
+
+
+def _print_done(summary: dict, top: Path) -> None:
+    def f(v):
+        return "-" if v is None else f"{v:.3f}"
+
+    print(
+        f"rft run: finished: {summary['steps']} steps, reward {f(summary['first_reward_mean'])} -> "
+        f"{f(summary['last_reward_mean'])}, {summary['wall_time_s']:.0f}s\n"
+        f"checkpoint: {summary['checkpoint']}\nsummary: {top}",
+        flush=True,
+    )
+
+
+def run(
+    config_file: str | Path,
+    overrides: Sequence[str] = (),
+    *,
+    explorers: int = 1,
+    live: bool | None = None,
+) -> int:
+    """Run the config end to end; returns the exit code."""
+    try:
+        config = load_config(config_file, overrides=list(overrides))
+        stages = plan_stages(config)
+    except ConfigError as exc:
+        print(str(exc), file=sys.stderr)
+        return EXIT_CONFIG
+    if explorers < 1:
+        _err("--explorers must be >= 1")
+        return EXIT_CONFIG
+    try:
+        preflight([s.config for s in stages])
+    except PreflightError as exc:
+        _err(str(exc))
+        return EXIT_FAILED
+    opts = StageOptions(
+        explorers=explorers,
+        auth_token=config.services.auth_token,
+        environ=dict(os.environ),
+        cwd=Path.cwd(),
+        live=live,
+    )
+    return asyncio.run(_main(config, stages, opts))

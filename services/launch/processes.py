@@ -1,0 +1,138 @@
+"""One service as a local child process: started with `--config FILE --port-file PATH`, its output
+redirected to `<job_dir>/log/<name>.log`, ready when it wrote its port and the gRPC health service
+answers SERVING, stopped with SIGTERM (graceful) and then SIGKILL after a deadline.
+
+Children run in their own session so a Ctrl-C in the terminal reaches only `rft run`, which then
+stops them in order (explorers and trainer first, so the trainer flushes its checkpoint while the
+buffer is still up). On Linux each child also gets `PR_SET_PDEATHSIG`: if `rft run` itself dies
+without cleaning up (SIGKILL), the kernel sends the child SIGTERM, so no orphan keeps running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from services.common.healthcheck import check as health_check
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def tail(path: Path, lines: int = 20) -> str:
+    """The last `lines` lines of a log file ('' when it does not exist)."""
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 64 * 1024))
+            text = fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass
+class ServiceProcess:
+    """A service to run: `name` (log file and messages), the command, extra environment."""
+
+    name: str
+    argv: Sequence[str]
+    log_file: Path
+    port_file: Path | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    # whether the run is over when this process exits by itself (trainer, explorers, feeders)
+    finishes_run: bool = False
+    proc: subprocess.Popen[bytes] | None = None
+    port: int | None = None
+
+    def start(self, cwd: Path | None = None) -> None:
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        if self.port_file is not None:
+            self.port_file.parent.mkdir(parents=True, exist_ok=True)
+            self.port_file.unlink(missing_ok=True)
+        log = self.log_file.open("ab")
+        try:
+            self.proc = subprocess.Popen(
+                list(self.argv),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **self.env},
+                cwd=cwd,
+                start_new_session=True,
+                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            )
+        finally:
+            log.close()
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def poll(self) -> int | None:
+        """The exit code, or None while it runs (or was never started)."""
+        return self.proc.poll() if self.proc is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def read_port(self) -> int | None:
+        """The bound port once the service wrote it (after its gRPC server started)."""
+        if self.port is None and self.port_file is not None and self.port_file.is_file():
+            text = self.port_file.read_text().strip()
+            self.port = int(text) if text else None
+        return self.port
+
+    @property
+    def address(self) -> str:
+        if self.port is None:
+            raise RuntimeError(f"{self.name} has no port yet")
+        return f"127.0.0.1:{self.port}"
+
+    def healthy(self, ca_file: str | None = None) -> bool:
+        """True when the port is known and the health service answers SERVING."""
+        if self.read_port() is None:
+            return False
+        try:
+            return health_check(self.address, timeout_s=2.0, ca_file=ca_file) == "SERVING"
+        except Exception:  # unreachable for now: grpc.RpcError, or a reset connection
+            return False
+
+    def terminate(self) -> None:
+        """SIGTERM: the graceful stop of every service."""
+        if self.running:
+            assert self.proc is not None
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        if self.running:
+            assert self.proc is not None
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # also torchrun's ranks
+            except (ProcessLookupError, PermissionError):
+                self.proc.kill()
+
+    def wait(self, timeout_s: float) -> int | None:
+        if self.proc is None:
+            return None
+        try:
+            return self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def tail(self, lines: int = 20) -> str:
+        return tail(self.log_file, lines)
