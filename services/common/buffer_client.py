@@ -1,7 +1,7 @@
 """Client of the buffer service for producers (explorers) and consumers (trainers).
 
-Producers put with `put(experiences)`: each call gets the next sequence number of this producer and is
-sent with `PutSequenced`, retried on UNAVAILABLE/DEADLINE_EXCEEDED until it succeeds, so a retry after a
+Producers put with `put(experiences)`: each call gets the next sequence number of this producer (they
+keep increasing across restarts of the producer) and is sent with `PutSequenced`, retried on UNAVAILABLE/DEADLINE_EXCEEDED until it succeeds, so a retry after a
 lost reply never stores twice. Consumers `get_batch(...)` (whole groups under a lease), train, then
 `ack(lease_id)`; `nack` gives a batch back.
 """
@@ -9,6 +9,7 @@ lost reply never stores twice. Consumers `get_batch(...)` (whole groups under a 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -54,7 +55,9 @@ class BufferClient:
         self.consumer = consumer
         self.timeout_s = timeout_s
         self.retry_deadline_s = retry_deadline_s
-        self._sequence = 0
+        # Sequences must increase across restarts of a producer too (a Redis store remembers the last
+        # one it stored per producer id): start at the wall clock in microseconds, then count up.
+        self._sequence = time.time_ns() // 1000
 
     async def _retrying(self, call: Callable[[], Awaitable[T]]) -> T:
         """Run an idempotent call, retrying UNAVAILABLE / DEADLINE_EXCEEDED until `retry_deadline_s`."""
