@@ -3,12 +3,14 @@
     python bench/trainer_step.py [--quick] [--gpu]
 
 Both sides run on the same batch of experiences (varied lengths), in the same process, interleaved,
-several repetitions; the median is reported.  Work per step on both sides: one no-grad forward over
-the micro-batches (old log-probs, which PPO-family trainers recompute), then forward + backward of a
-policy-gradient loss over the same micro-batches, gradient clipping and one AdamW step.
+several repetitions after one warm-up step each; the median is reported.  Work per step on both
+sides (checked before timing): one no-grad forward over the same micro-batches (old log-probs,
+which PPO-family trainers recompute), then forward + backward of a policy-gradient loss over them,
+gradient clipping and one AdamW step.
 
-- ours: `FSDPEngine.train_step` (FSDP2 world size 1, packed micro-batches, the registered PPO loss,
-  GRPO advantages, exact loss scaling, data metrics).
+- ours: `FSDPEngine.train_step` (one process: the plain module on CPU, FSDP2 on CUDA — see
+  `services.trainer.fsdp.uses_fsdp`; packed micro-batches, the registered PPO loss, entropy
+  metric, GRPO advantages, exact loss scaling, data metrics).
 - bare: a plain HF module, right-padded micro-batches with an attention mask, -A·log π masked
   mean, `clip_grad_norm_`, `torch.optim.AdamW`.
 
@@ -38,6 +40,7 @@ from services.common.tiny_model import build_tokenizer, make_tiny_model  # noqa:
 from services.trainer.collate import collate  # noqa: E402
 from services.trainer.distributed import ensure_process_group  # noqa: E402
 from services.trainer.engine import FSDPEngine  # noqa: E402
+from services.trainer.rowwise import local_micro_batches  # noqa: E402
 from services.trainer.settings import TrainerSettings  # noqa: E402
 from tests.support.trainer_data import make_config  # noqa: E402
 
@@ -161,6 +164,10 @@ def main() -> int:
         exps = make_batch(n, prompt, response, vocab=500)
         step = collate(exps)
         tokens = step.num_tokens
+        # the same work on both sides: Bare.step's micro-batches and a single optimizer step
+        same_micro = [list(range(i, min(i + micro, n))) for i in range(0, n, micro)]
+        assert local_micro_batches(step, info, ours.worker.actor.batching) == same_micro
+        assert settings.ppo_epochs == 1 and settings.mini_batch_size == n
         ours.train_step(step)  # warm-up both
         bare.step(exps)
         times: dict[str, list[float]] = {"ours": [], "bare": []}
@@ -184,6 +191,8 @@ def main() -> int:
         "ratio": round(tps["ours"] / tps["bare"], 3),
         "target": 0.9,
         "device": str(info.device),
+        "fsdp": ours.worker.fsdp,
+        "threads": torch.get_num_threads(),
     }
     if args.gpu:
         flops = lambda t: 8 * n_params * t / (args.peak_tflops * 1e12)  # noqa: E731  (fwd x2 + bwd)
