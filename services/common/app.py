@@ -4,13 +4,17 @@ logging and the Prometheus endpoint, start the gRPC server, and stop gracefully 
     # services/<name>/__main__.py
     sys.exit(service_main("buffer", build_buffer))
 
-`build(config)` returns the servicer registrations and an optional async close hook.
+`build(config)` returns the servicer registrations and an optional async close hook. A service that
+ends by itself (a run that drives itself, `trainer.auto_start` / `explorer.auto_start`) calls
+`stop_service(code)`: the same graceful stop as SIGTERM, and `service_main` returns `code` (the
+highest code asked for wins, so a failure is never masked by a clean stop asked later).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -19,6 +23,15 @@ from prometheus_client import start_http_server
 from services.common.config import ConfigError, RFTConfig, load_config
 from services.common.log import configure_logging
 from services.common.rpc.server import Registration, serve_until_signal, start_server
+
+_EXIT_CODE = [0]
+
+
+def stop_service(code: int = 0) -> None:
+    """Stop the running service gracefully (as on SIGTERM) and make the process exit with `code`."""
+    _EXIT_CODE[0] = max(_EXIT_CODE[0], int(code))
+    asyncio.get_running_loop().call_soon(signal.raise_signal, signal.SIGTERM)
+
 
 Build = Callable[[RFTConfig], Awaitable[tuple[Sequence[Registration], Callable[[], Awaitable[None]] | None]]]
 
@@ -78,5 +91,6 @@ def service_main(service: str, build: Build, argv: Sequence[str] | None = None) 
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
+    _EXIT_CODE[0] = 0
     asyncio.run(run_service(service, config, build, args.port, args.port_file))
-    return 0
+    return _EXIT_CODE[0]

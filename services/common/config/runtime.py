@@ -26,6 +26,9 @@ class SynchronizerConfig(Section):
     chunk_bytes: int = Field(4 << 20, ge=1 << 12, le=32 << 20)
     # Seconds of silence after which a member is marked lost.
     heartbeat_timeout: float = Field(60, gt=0)
+    # Log a SHA-256 of the weights at every sync (trainer: what it sent; explorer: what its engines
+    # hold after loading), to check bit-exact transfers; costs one pass over the weights.
+    weight_digest: bool = False
 
     @field_validator("sync_method", mode="before")
     @classmethod
@@ -57,6 +60,9 @@ class TrainerConfig(Section):
     micro_batch_size_per_gpu: int = Field(8, ge=1)
     # Number of trainer processes (torchrun --nproc_per_node); 1 runs without torchrun.
     nproc: int = Field(1, ge=1)
+    # Train as soon as the service is up (lease -> train -> commit -> ack -> sync per plan) until
+    # total_steps or the explorers' end, then save + export and stop the service (exit code 0).
+    auto_start: bool = False
     trainer_config: dict[str, Any] = {}
 
 
