@@ -7,8 +7,8 @@ Trainer (`services.trainer.core.SyncHook`: `after_step(step) -> metrics`):
 returns once every explorer is ready), runs `sync()` (whose result has `version`, `step`,
 `checkpoint_path`, like the trainer's `SyncResult`) and then completes the publish: memory - the
 push inside `sync` (`WeightSync(push=client.push_chunks)`) already published; checkpoint -
-`notify_checkpoint(path)`; nccl - `report_sync(ok)` (a failed broadcast is reported, so a new group
-generation starts, then re-raised). For nccl it first hands the trainer's tensor specs over and
+`notify_checkpoint(path)`; nccl - `report_sync(ok)` (a failed join or broadcast is reported, so a new
+group generation starts, then re-raised). For nccl it first hands the trainer's tensor specs over and
 (re)joins the group when the synchronizer announces a new generation.
 
 Explorer (`services.explorer.sync.SyncGate`: `before_step(step, model_version)`, `notify_version`):
@@ -18,7 +18,9 @@ Explorer (`services.explorer.sync.SyncGate`: `before_step(step, model_version)`,
 `before_step(s)` waits (`wait_for_version(step=s)`) until the plan lets step s run; when a newer
 version exists, or an nccl broadcast is about to start, it fetches and loads it, reports the outcome
 (`report_sync`) and only then returns. A wait that times out raises `SyncWaitTimeout`; the end of the
-run raises `RunFinished`.
+run raises `RunFinished`. A broken or stale broadcast group (`GroupBrokenError`,
+`StaleGenerationError`: a member died or the group changed mid-sync) is reported and waited out:
+the gate asks again, with a fresh `timeout_s`, and joins the next generation.
 """
 
 from __future__ import annotations
@@ -33,7 +35,13 @@ import torch
 from rft.v1 import synchronizer_pb2
 
 from services.common.sync_client import RunFinished, SyncClient, SyncWaitTimeout
-from services.common.weight_sync import GroupInfo, TensorSpec, read_state_dict
+from services.common.weight_sync import (
+    GroupBrokenError,
+    GroupInfo,
+    StaleGenerationError,
+    TensorSpec,
+    read_state_dict,
+)
 
 Load = Callable[[Iterable[tuple[str, torch.Tensor]], int], Awaitable[Any]]
 WaitAnswer = synchronizer_pb2.WaitForVersionResponse
@@ -86,9 +94,9 @@ class TrainerSyncHook:
         decision = await self.client.request_sync(step)
         if not decision.accepted:
             return {}
-        if self.method == "nccl":
-            await self._join(decision.generation)
         try:
+            if self.method == "nccl":
+                await self._join(decision.generation)
             result = await self.sync()
         except Exception as exc:
             if self.method == "nccl":
@@ -141,7 +149,10 @@ class ExplorerSyncGate:
                     await self.client.report_sync(
                         offered, False, answer.generation, f"{type(exc).__name__}: {exc}"
                     )
-                    raise
+                    if not isinstance(exc, (GroupBrokenError, StaleGenerationError)):
+                        raise
+                    deadline = time.monotonic() + self.timeout_s  # a new group: a new wait
+                    continue
                 finally:
                     self.waiting_for = None
                 self.notify_version(loaded)

@@ -17,7 +17,11 @@ One method per role and call, every wait an `asyncio.Condition` wait bounded by 
 - both: `register`, `heartbeat`, `group_info` (nccl ranks), and anyone: `run_state`.
 A member silent for `heartbeat_timeout` is marked LOST by the watchdog task that `start()` launches
 (nothing starts in the constructor). An explorer that joins, leaves or is lost, or a failed
-broadcast, starts a new group generation and aborts a broadcast that has not begun.
+broadcast, starts a new group generation and aborts a broadcast that has not begun. With nccl an
+explorer holds only what it received, so a (re)joined explorer waiting for the published version
+gets it re-broadcast (same version, no bump) at the trainer's next `request_sync`.
+Every state change is an `Event` in `history`; `on_event` (optional) sees each one as it happens
+(the service appends them to `<job_dir>/synchronizer/events.jsonl`).
 """
 
 from __future__ import annotations
@@ -46,7 +50,12 @@ from services.synchronizer.weights import StoredWeights
 
 
 class SynchronizerCore:
-    def __init__(self, settings: Settings, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        settings: Settings,
+        clock: Callable[[], float] = time.monotonic,
+        on_event: Callable[[Event], None] | None = None,
+    ):
         if settings.method not in METHODS:
             raise ValueError(f"sync_method {settings.method!r} is not one of {', '.join(METHODS)}")
         self.settings = settings
@@ -62,6 +71,7 @@ class SynchronizerCore:
             backend=settings.backend, timeout_s=settings.sync_timeout, bucket_bytes=settings.bucket_bytes
         )
         self.history: deque[Event] = deque(maxlen=10_000)
+        self.on_event = on_event
         self._broadcast: Broadcast | None = None
         self._cond = asyncio.Condition()
         self._seq = 0
@@ -126,7 +136,10 @@ class SynchronizerCore:
     def _record(
         self, kind: str, member_id: str = "", version: int = 0, step: int = 0, detail: str = ""
     ) -> None:
-        self.history.append(Event(kind, member_id, version, step, detail))
+        event = Event(kind, member_id, version, step, detail)
+        self.history.append(event)
+        if self.on_event is not None:
+            self.on_event(event)
 
     def _member(self, member_id: str, role: Role | None = None) -> Member:
         m = self.members.get(member_id)
@@ -250,7 +263,8 @@ class SynchronizerCore:
         async with self._cond:
             m = self._member(member_id, Role.TRAINER)
             m.step = self.trainer_step = max(self.trainer_step, step)
-            if version <= self.published.version:
+            rebroadcast = self.settings.method == "nccl" and self._explorer_requires(version)
+            if version < self.published.version or (version == self.published.version and not rebroadcast):
                 return SyncDecision(False, self.published, reason=f"version {version} is already published")
             if not self.plan.trainer_should_publish(
                 step, self.last_published_step, self._explorer_requires(version)
@@ -370,7 +384,9 @@ class SynchronizerCore:
             if m.role == Role.TRAINER:
                 b, self._broadcast = self._broadcast, None
                 m.status = MemberStatus.RUNNING
-                if ok:
+                if ok and version == self.published.version:  # a re-broadcast to a (re)joined explorer
+                    self._record("rebroadcast", member_id, version, m.step)
+                elif ok:
                     self._publish(version, b.step if b is not None and b.version == version else m.step)
                 else:
                     self._rebuild(f"broadcast of version {version} failed: {message}")

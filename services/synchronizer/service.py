@@ -1,23 +1,52 @@
 """Assembles the synchronizer from the run config: the core with the `synchronizer` section's plan,
-method and timeouts, its heartbeat watchdog started, and what `service_main` serves."""
+method and timeouts, its heartbeat watchdog started, and what `service_main` serves. The core's
+events (register, wait, publish, ready, reported, lost, left, generation, ...) are appended, one
+JSON object a line, to `<job_dir>/synchronizer/events.jsonl`: the run's sync history, in order."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import signal
+import time
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 
-from services.common.config import RFTConfig
+from services.common.config import RFTConfig, resolve
 from services.common.rpc.server import Registration
 from services.synchronizer.core import SynchronizerCore
+from services.synchronizer.members import Event
 from services.synchronizer.records import Settings
 from services.synchronizer.servicer import registration
 
 
-def build_core(config: RFTConfig) -> SynchronizerCore:
-    return SynchronizerCore(Settings.from_config(config.synchronizer))
+class EventLog:
+    """Appends events as JSON lines (with wall time), flushed per line so readers see them at once."""
+
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._fh = path.open("a", encoding="utf-8")
+
+    def __call__(self, event: Event) -> None:
+        self._fh.write(json.dumps({"time": time.time(), **dataclasses.asdict(event)}) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+def build_core(config: RFTConfig, on_event: Callable[[Event], None] | None = None) -> SynchronizerCore:
+    return SynchronizerCore(Settings.from_config(config.synchronizer), on_event=on_event)
 
 
 async def build(config: RFTConfig) -> tuple[Sequence[Registration], Callable[[], Awaitable[None]] | None]:
-    core = build_core(config)
+    events = EventLog(resolve(config).job_dir / "synchronizer" / "events.jsonl")
+    core = build_core(config, on_event=events)
     await core.start()
-    return [registration(core, on_shutdown=lambda: signal.raise_signal(signal.SIGTERM))], core.close
+
+    async def close() -> None:
+        await core.close()
+        events.close()
+
+    return [registration(core, on_shutdown=lambda: signal.raise_signal(signal.SIGTERM))], close

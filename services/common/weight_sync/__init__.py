@@ -3,7 +3,7 @@
 Used by the trainer (sender), the explorers (receivers) and the synchronizer (coordination); it
 imports only torch, safetensors, `services.common` and `rft.v1`. Modules:
 
-- `specs`      `TensorSpec` (name, dtype, shape) <-> `rft.v1.TensorMeta`; `specs_of(state_dict)`.
+- `specs`      `TensorSpec` (name, dtype, shape) <-> `rft.v1.TensorMeta`; `specs_of(state_dict)`, `weights_digest`.
 - `buckets`    byte-packed bucket plan shared by sender and receivers.
 - `group`      `GroupInfo` (<-> `rft.v1.WeightSyncGroupInfo`), stateless gloo/nccl group, `free_port`.
 - `broadcast`  `BroadcastGroup`: rank 0 `send`s bucketed buffers, receivers iterate `receive`.
@@ -28,7 +28,13 @@ from services.common.weight_sync.errors import (
 from services.common.weight_sync.group import GroupInfo, free_port
 from services.common.weight_sync.loading import WeightLoadError, load_weights
 from services.common.weight_sync.memory import chunks_to_state_dict, state_dict_to_chunks
-from services.common.weight_sync.specs import TensorSpec, specs_from_proto, specs_of, specs_to_proto
+from services.common.weight_sync.specs import (
+    TensorSpec,
+    specs_from_proto,
+    specs_of,
+    specs_to_proto,
+    weights_digest,
+)
 from services.common.weight_sync.transport import (
     WEIGHT_TRANSPORTS,
     Delivery,
@@ -62,4 +68,5 @@ __all__ = [
     "specs_of",
     "specs_to_proto",
     "state_dict_to_chunks",
+    "weights_digest",
 ]

@@ -5,7 +5,8 @@ once (`specs_of(state_dict)`), the synchronizer hands it to every receiver insid
 `rft.v1.WeightSyncGroupInfo.tensors` (`rft.v1.TensorMeta`), and both ends derive the same bucket
 plan from it (`buckets.py`). The list order is the transfer order and the order receivers yield
 tensors in. `fingerprint(specs)` is a cheap 63-bit digest both ends compare so that a member with
-different metadata fails loudly instead of mis-reading bytes.
+different metadata fails loudly instead of mis-reading bytes. `weights_digest(named)` is a SHA-256 of
+names, dtypes, shapes and bytes (sorted by name): equal digests mean bit-identical weights.
 """
 
 from __future__ import annotations
@@ -118,3 +119,14 @@ def fingerprint(specs: Sequence[TensorSpec]) -> int:
         h.update(str(s).encode())
         h.update(b"\0")
     return int.from_bytes(h.digest(), "little") & ((1 << 63) - 1)
+
+
+def weights_digest(named: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> str:
+    """SHA-256 (hex) over (name, dtype, shape, bytes) of every tensor, in name order."""
+    items = sorted(named.items() if isinstance(named, Mapping) else named, key=lambda kv: kv[0])
+    h = hashlib.sha256()
+    for name, t in items:
+        t = t.detach().to("cpu").contiguous()
+        h.update(f"{name}|{t.dtype}|{list(t.shape)}|".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
