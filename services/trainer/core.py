@@ -3,8 +3,16 @@
 One step: lease `train_batch_size` experiences (whole groups) from the buffer -> collate -> the
 engine's step (log-probs, reward shaping, advantages, updates) -> commit (step counter and data
 position move on; a checkpoint is started when due) -> ack the lease -> metrics to the Monitor ->
-the sync hook ("after step N, maybe sync weights"; a no-op until a synchronizer is wired in).
+the sync hook ("after step N, maybe sync weights"; `NoSync` unless a synchronizer is configured).
+The hook runs after the core's lock is released (a sync gathers the weights under that lock).
 A failure before the commit gives the lease back (nack) so the batch is trained exactly once.
+
+A whole run (`run`, started by `trainer.auto_start`) ends at `total_steps`, on `stop`, or when the
+data has ended: once `data_ended()` (the service asks the synchronizer whether every explorer has
+stopped) is true, the trainer keeps training on full batches and stops at the first lease that
+comes back short. While waiting for data it asks the sync hook again (as Trinity-RFT's trainer
+does), so an explorer waiting for weights a failed sync did not deliver cannot deadlock the run. `finish()` then saves the last step (with the HF export unless
+`save_hf_checkpoint: never`) and waits for the write.
 
 States: STARTING (before `prepare`), READY (idle), TRAINING (a step in flight), STOPPED, FAILED.
 Calls made in the wrong state raise `PreconditionError`; bad arguments raise `InvalidRequest`
@@ -17,7 +25,7 @@ import asyncio
 import dataclasses
 import enum
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from services.common.experience import Experience
@@ -129,6 +137,7 @@ class TrainerCore:
         self.last_metrics: dict[str, float] = {}
         self._lock = asyncio.Lock()
         self._saved_step = -1
+        self._hf_step = -1
 
     # ---- lifecycle ----------------------------------------------------------------------------
     async def prepare(self) -> None:
@@ -170,12 +179,17 @@ class TrainerCore:
             self._require(TrainerState.READY)
             self.state = TrainerState.TRAINING
             try:
-                return await self._step_locked(timeout_ms)
+                metrics = await self._step_locked(timeout_ms)
             finally:
                 if self.state is TrainerState.TRAINING:
                     self.state = TrainerState.READY
+        metrics |= dict(await self.sync_hook.after_step(self.global_step))
+        self.last_metrics = metrics
+        if self.monitor is not None:
+            self.monitor.log(metrics, self.global_step)
+        return StepResult(self.global_step, metrics, not self.finished)
 
-    async def _step_locked(self, timeout_ms: int) -> StepResult:
+    async def _step_locked(self, timeout_ms: int) -> dict[str, float]:
         assert self.source is not None
         size = self.settings.train_batch_size
         t0 = time.perf_counter()
@@ -213,11 +227,7 @@ class TrainerCore:
             "sample/model_version/mean": sum(e.model_version for e in experiences) / len(experiences),
             "sample/task_count": float(len({e.eid.group_id for e in experiences})),
         }
-        metrics |= dict(await self.sync_hook.after_step(self.global_step))
-        self.last_metrics = metrics
-        if self.monitor is not None:
-            self.monitor.log(metrics, self.global_step)
-        return StepResult(self.global_step, metrics, not self.finished)
+        return metrics
 
     def _save_due(self) -> bool:
         s = self.settings
@@ -241,6 +251,8 @@ class TrainerCore:
             self.engine.save_checkpoint, self.global_step, self.trainer_state(), save_as_hf, block
         )
         self._saved_step = self.global_step
+        if save_as_hf:
+            self._hf_step = self.global_step
         self.last_checkpoint = path
         return path, (f"{path}/huggingface" if save_as_hf else "")
 
@@ -262,14 +274,39 @@ class TrainerCore:
             await asyncio.to_thread(self.engine.wait_for_save)
 
     # ---- whole run and shutdown ---------------------------------------------------------------
-    async def run(self, timeout_ms: int = 60_000, stop: asyncio.Event | None = None) -> int:
-        """Train until `total_steps` (or `stop`); returns the last step."""
+    async def run(
+        self,
+        timeout_ms: int = 60_000,
+        stop: asyncio.Event | None = None,
+        data_ended: Callable[[], Awaitable[bool]] | None = None,
+    ) -> int:
+        """Train until `total_steps`, `stop`, or the end of the data (see the module docstring);
+        returns the last step."""
+        draining = False
         while not self.finished and not (stop is not None and stop.is_set()):
             try:
                 await self.train_step(timeout_ms)
             except NoBatchError:
-                continue
+                if draining:
+                    break
+                if self.global_step:  # an explorer may wait for weights the last sync failed to send
+                    await self.sync_hook.after_step(self.global_step)
+                # checked after a short lease, so one more lease sees everything put before the end
+                draining = data_ended is not None and await data_ended()
         return self.global_step
+
+    async def finish(self) -> str:
+        """End of a run: save the last step unless saved (HF export per `save_hf_checkpoint`, `last`
+        included) and wait until it is written; returns the checkpoint folder ("" before any step)."""
+        self._require(TrainerState.READY)
+        hf = self.settings.save_hf_checkpoint != "never"
+        async with self._lock:
+            if self.global_step > 0 and (
+                self._saved_step != self.global_step or (hf and self._hf_step != self.global_step)
+            ):
+                await self._save_locked(block=True, save_as_hf=hf)
+            await asyncio.to_thread(self.engine.wait_for_save)
+        return self.last_checkpoint
 
     async def shutdown(self, wait_for_save: bool = True) -> None:
         """Flush pending saves (when asked), release the worker ranks and stop."""

@@ -1,6 +1,19 @@
 """Assembles the trainer from the run config: process group, FSDP2 engine, buffer client, monitor,
 core (resumed from the latest checkpoint when asked), weight sync and the servicer that
 `service_main` serves on rank 0.  Ranks > 0 build the same engine and serve rank 0's commands.
+
+With a synchronizer address (`services.synchronizer.address` or `host`+`port`, or
+`RFT_SYNCHRONIZER_ADDRESS`/`_PORT`) the trainer registers as member `trainer`, heartbeats, and syncs
+after each step through `TrainerSyncHook` with `synchronizer.sync_method` (memory: pushes to the
+synchronizer; checkpoint: writes and notifies; nccl: joins the group the synchronizer hands out and
+broadcasts) on the synchronizer's plan. Without one, weights move only on SyncWeights RPCs.
+
+`trainer.auto_start`: the service trains on its own (`TrainerCore.run`) until `total_steps` or, with
+a synchronizer, until every explorer that joined has stopped (STOPPED: its data or total_steps ran
+out; a LOST one may come back, so it is waited for) and the buffer holds less than a batch; then it
+saves the last step (HF export per `save_hf_checkpoint`), reports STOPPED to the synchronizer (which
+ends the run for the explorers) and stops its process: exit code 0, or 1 with an `trainer failed`
+log line when a step, a sync or the save failed (reported to the synchronizer as FAILED).
 """
 
 from __future__ import annotations
@@ -9,15 +22,19 @@ import asyncio
 import signal
 from collections.abc import Awaitable, Callable, Sequence
 
-from rft.v1 import common_pb2, synchronizer_pb2_grpc
+from rft.v1 import common_pb2, synchronizer_pb2
 
+from services.common.app import stop_service
 from services.common.buffer_client import BufferClient
 from services.common.config import RFTConfig, resolve
+from services.common.log import get_logger
 from services.common.monitor import build_monitor
 from services.common.rpc.client import create_channel
 from services.common.rpc.server import Registration
-from services.common.weight_sync import TransportOptions
-from services.trainer.core import TrainerCore
+from services.common.sync_client import SyncClient
+from services.common.sync_hooks import TrainerSyncHook
+from services.common.weight_sync import TransportOptions, WeightSyncError
+from services.trainer.core import PreconditionError, TrainerCore
 from services.trainer.distributed import DistInfo, ensure_process_group
 from services.trainer.engine import FSDPEngine
 from services.trainer.servicer import TrainerServicer, registration
@@ -25,6 +42,10 @@ from services.trainer.settings import TrainerSettings
 from services.trainer.weight_sync import WeightSync
 
 __all__ = ["build", "build_core", "run_worker_rank"]
+
+log = get_logger("trainer")
+LEASE_WAIT_MS = 1000  # one lease wait of the auto-started loop (how soon the end of the data is seen)
+TRAINER_MEMBER_ID = "trainer"
 
 
 def _max_staleness(config: RFTConfig) -> int | None:
@@ -73,33 +94,120 @@ async def build(config: RFTConfig) -> tuple[Sequence[Registration], Callable[[],
     source = BufferClient(buffer_channel, consumer=f"{config.name}-trainer", timeout_s=svc.rpc_timeout)
     core = build_core(config, info, engine, source)
     await core.prepare()
-    push = None
-    if svc.synchronizer.port or svc.synchronizer.address:
-        sync_channel = create_channel(
-            svc.synchronizer.target,
-            auth_token=svc.auth_token,
-            tls=svc.tls,
-            timeout_s=config.synchronizer.sync_timeout,
-        )
-        stub = synchronizer_pb2_grpc.SynchronizerServiceStub(sync_channel)
-
-        async def push(chunks: Sequence[common_pb2.WeightChunk]) -> None:
-            await stub.PushWeights(iter(chunks))
-
+    client = _sync_client(config)
     weight_sync = WeightSync(
         core,
         method=config.synchronizer.sync_method,
         options=_transport_options(config, info, settings),
-        push=push,
+        push=_push_to(client) if client is not None else None,
+        digest=config.synchronizer.weight_digest,
     )
+    if client is not None:
+        await client.register(step=core.global_step, model_version=core.model_version)
+        await client.start()
+        hook = TrainerSyncHook(
+            client,
+            config.synchronizer.sync_method,
+            sync=_logged(weight_sync),
+            specs=weight_sync.specs,
+            join_group=weight_sync.join,
+        )
+        core.sync_hook = _TransferFailureTolerant(hook)
+    runner: asyncio.Task[None] | None = None
+    if config.trainer.auto_start:
+        runner = asyncio.get_running_loop().create_task(_drive(core, client), name="trainer-run")
     servicer = TrainerServicer(core, weight_sync, on_shutdown=lambda: signal.raise_signal(signal.SIGTERM))
 
     async def close() -> None:
+        reported = runner is not None and runner.done()  # the run told the synchronizer how it ended
+        if runner is not None and not runner.done():
+            runner.cancel()
+            await asyncio.gather(runner, return_exceptions=True)
         await weight_sync.close()
         await core.shutdown(wait_for_save=True)
+        if client is not None:
+            if not reported:
+                await client.stop()  # a stopped trainer ends the run for the explorers
+            await client.close()
         await buffer_channel.close()
 
     return [registration(servicer)], close
+
+
+def _sync_client(config: RFTConfig) -> SyncClient | None:
+    endpoint = config.services.synchronizer
+    if not (endpoint.address or endpoint.port):
+        return None
+    trainer = config.services.trainer
+    return SyncClient.from_config(
+        config, TRAINER_MEMBER_ID, "trainer", address=trainer.address or trainer.host, workers=1
+    )
+
+
+def _push_to(client: SyncClient):
+    async def push(chunks: Sequence[common_pb2.WeightChunk]) -> None:
+        await client.push_chunks(chunks)
+
+    return push
+
+
+def _logged(weight_sync: WeightSync):
+    """`weight_sync.sync` plus a log line per sent version (with the weights' digest when asked)."""
+
+    async def sync():
+        result = await weight_sync.sync()
+        log.info("weights sent", version=result.version, step=result.step, digest=result.digest or None)
+        return result
+
+    return sync
+
+
+class _TransferFailureTolerant:
+    """A sync that failed in the transport (a broadcast member died, the group timed out) is logged
+    and skipped: the step stands, the synchronizer started a new group generation, and the next
+    sync (after a later step, or while waiting for data) sends newer weights. Other errors stop."""
+
+    def __init__(self, hook: TrainerSyncHook):
+        self.hook = hook
+
+    async def after_step(self, step: int):
+        try:
+            return await self.hook.after_step(step)
+        except (WeightSyncError, PreconditionError) as exc:
+            if not isinstance(exc, WeightSyncError) and not isinstance(exc.__cause__, WeightSyncError):
+                raise
+            log.warning("weight sync failed; a later sync sends newer weights", step=step, error=str(exc))
+            return {"sync/failed": 1.0}
+
+
+async def _explorers_stopped(client: SyncClient) -> bool:
+    """Every explorer that joined the run has stopped (its data ended), and at least one joined."""
+    state = await client.get_run_state()
+    explorers = [m for m in state.members if m.role == synchronizer_pb2.MEMBER_ROLE_EXPLORER]
+    return bool(explorers) and all(m.status == common_pb2.MEMBER_STATUS_STOPPED for m in explorers)
+
+
+async def _drive(core: TrainerCore, client: SyncClient | None) -> None:
+    """`trainer.auto_start`: the whole run, then stop the service with the exit code."""
+    code = 0
+    try:
+        ended = (lambda: _explorers_stopped(client)) if client is not None else None
+        log.info("training", start_step=core.global_step, total_steps=core.settings.total_steps)
+        await core.run(timeout_ms=LEASE_WAIT_MS, data_ended=ended)
+        path = await core.finish()
+        log.info("run finished", step=core.global_step, checkpoint=path)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        code = 1
+        log.exception("trainer failed", step=core.global_step, error=f"{type(exc).__name__}: {exc}")
+    if client is not None:
+        status = common_pb2.MEMBER_STATUS_STOPPED if code == 0 else common_pb2.MEMBER_STATUS_FAILED
+        try:
+            await client.stop(status)
+        except Exception:  # noqa: BLE001 - the exit code already says what happened
+            log.warning("could not report the end of the run to the synchronizer")
+    stop_service(code)
 
 
 def run_worker_rank(config: RFTConfig) -> int:

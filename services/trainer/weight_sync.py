@@ -3,11 +3,15 @@
 - `get_info(receivers)`: tensor metadata of the policy (HF names, gathered once from the FSDP2
   shards) and a fresh rendezvous on rank 0 (`NcclTransport.prepare`), generation + 1.
 - `setup(group)`: rank 0 joins the broadcast group it handed out (blocks until every receiver joins).
+- `join(info, rank)`: rank 0 joins a group the synchronizer handed out. With a synchronizer, it is
+  the authority on generations and ports (it rebuilds the group when explorers come and go), so the
+  trainer takes its `GroupInfo` as given instead of offering one (`TrainerSyncHook.join_group`).
 - `teardown(generation)`: leaves the group.
 - `sync(method)`: gathers the full state dict (a collective over the trainer ranks) and sends it:
   `nccl` bucketed broadcast to the group, `memory` safetensors chunks pushed to the synchronizer
   (`push` callback, `PushWeights`), `checkpoint` a published safetensors file under
   `<job_dir>/state_dicts/`.  The version sent is the trainer's current `model_version`.
+  With `digest=True` the result carries `weights_digest` of what was sent (bit-exactness checks).
 
 All engine work is serialised with the core's lock, so a sync never overlaps a step.
 """
@@ -28,6 +32,7 @@ from services.common.weight_sync import (
     WeightSyncError,
     make_transport,
     specs_of,
+    weights_digest,
 )
 from services.trainer.core import InvalidRequest, PreconditionError, TrainerCore, TrainerState
 
@@ -44,6 +49,7 @@ class SyncResult:
     checkpoint_path: str
     seconds: float
     nbytes: int
+    digest: str = ""
 
 
 class WeightSync:
@@ -56,8 +62,10 @@ class WeightSync:
         method: str = "nccl",
         options: TransportOptions | None = None,
         push: PushFn | None = None,
+        digest: bool = False,
     ):
         self.core = core
+        self.digest = digest
         self.method = method
         self.options = options or TransportOptions(checkpoint_dir=str(core.settings.job_dir / "state_dicts"))
         self.push = push
@@ -108,6 +116,17 @@ class WeightSync:
         self.joined = info
         return 0
 
+    async def join(self, info: GroupInfo, rank: int = 0) -> int:
+        """Join (as rank 0) a group instance handed out by the synchronizer, leaving the previous one."""
+        self._ready()
+        if rank != 0:
+            raise InvalidRequest("rank", f"the trainer sends from rank 0, got {rank}")
+        self.joined = None
+        await asyncio.to_thread(self.nccl.build_group, info, 0)
+        self.joined = self.offered = info
+        self.generation = max(self.generation, info.generation)
+        return 0
+
     async def teardown(self, generation: int) -> None:
         if self.joined is None:
             raise PreconditionError("no weight-sync group to tear down")
@@ -144,7 +163,9 @@ class WeightSync:
                 path = delivery.path
         except WeightSyncError as exc:
             raise PreconditionError(f"weight sync by {method} failed: {exc}") from exc
-        return SyncResult(version, step, path, time.perf_counter() - start, nbytes)
+        seconds = time.perf_counter() - start
+        digest = await asyncio.to_thread(weights_digest, state) if self.digest else ""
+        return SyncResult(version, step, path, seconds, nbytes, digest)
 
     async def close(self) -> None:
         if self.joined is not None:
