@@ -5,6 +5,8 @@ engines (`runner_per_model` runners per engine), stamps the experiences (group i
 id, step), streams them to the sink, logs `rollout/*` and `time/*` metrics and saves the position so a
 restarted explorer resumes after the last finished step. Before each step the sync gate may hold it
 (the synchronizer's plan). Eval tasksets run every `explorer.eval_interval` steps and on startup.
+Every weight load is logged (`weights loaded`, with a SHA-256 of what the engines hold when
+`synchronizer.weight_digest` is on, to compare with the trainer's `weights sent`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from services.common.config import RFTConfig, resolve
 from services.common.experience import Experience, ExperienceId
 from services.common.log import get_logger
 from services.common.monitor import Monitor
+from services.common.weight_sync import weights_digest
 from services.explorer.engines.base import RolloutEngine
 from services.explorer.metrics import eval_metrics, rollout_metrics
 from services.explorer.model_wrapper import ModelWrapper
@@ -300,7 +303,17 @@ class ExplorerCore:
         finally:
             self.status = "RUNNING" if not self._stopping else "STOPPED"
         self.gate.notify_version(version)
-        log.info("weights loaded", version=version, tensors=len(named))
+        await self.weights_loaded(version, [n for n, _ in named])
+
+    async def weights_loaded(self, version: int, names: Sequence[str]) -> None:
+        """Log a finished load; with `synchronizer.weight_digest`, the digest of the loaded `names`
+        as the first engine holds them (engines without a local model log none)."""
+        digest = None
+        model = getattr(self.engines[0], "model", None)
+        if self.config.synchronizer.weight_digest and model is not None:
+            held = model.state_dict()
+            digest = await asyncio.to_thread(weights_digest, [(n, held[n]) for n in names if n in held])
+        log.info("weights loaded", version=version, tensors=len(names), digest=digest)
 
     def status_info(self) -> Mapping[str, Any]:
         return {

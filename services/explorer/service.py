@@ -1,7 +1,16 @@
 """Assembles an explorer from the run config: its id and shard, the rollout engines, auxiliary models,
 the sink (the buffer service; nothing is sent in bench mode), the monitor, the core and the servicer —
 what `service_main` serves. With `explorer.auto_start` it also starts exploring (or benchmarking) and
-stops the service when done.
+stops the service when done: exit code 0 when its data or `total_steps` ran out or the run finished
+(the trainer stopped), 1 with an `explorer failed` log line otherwise (e.g. no weights within
+`sync_timeout`).
+
+With a synchronizer address (`services.synchronizer.address` or `host`+`port`, or
+`RFT_SYNCHRONIZER_ADDRESS`/`_PORT`) the explorer registers under its id with its rollout worker
+count, heartbeats, and waits before each step on `ExplorerSyncGate` with the fetch of
+`synchronizer.sync_method` (memory: pull from the synchronizer; checkpoint: read the published
+file; nccl: join the group, receive the broadcast). When it stops it reports STOPPED; once every
+explorer has, the trainer drains the buffer and ends the run.
 
 Several explorers can run at once: each needs its own id (`--explorer-id`, `RFT_EXPLORER_ID`, else
 `explorer.name`) and, to split the tasksets, a shard `i/n` (`--shard`, `RFT_EXPLORER_SHARD`).
@@ -11,20 +20,25 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 from collections.abc import Awaitable, Callable, Sequence
 
+from rft.v1 import common_pb2
+
+from services.common.app import stop_service
 from services.common.buffer_client import BufferClient
 from services.common.config import RFTConfig, resolve
 from services.common.log import get_logger
 from services.common.monitor import build_monitor
 from services.common.rpc import create_channel
 from services.common.rpc.server import Registration
+from services.common.sync_client import RunFinished, SyncClient
+from services.common.sync_hooks import BroadcastFetch, CheckpointFetch, ExplorerSyncGate, MemoryFetch
 from services.explorer.auxiliary import build_auxiliary_models
 from services.explorer.core import ExplorerCore, find_checkpoints
 from services.explorer.engines import build_engines
 from services.explorer.servicer import ExplorerServicer, registration
 from services.explorer.sink import BufferSink, ExperienceSink, MemorySink
+from services.explorer.weight_receiver import WeightReceiver
 
 log = get_logger("explorer")
 
@@ -98,10 +112,36 @@ async def build_core(
 
 def _stop_process() -> None:
     """Ask `service_main` to stop gracefully (its SIGTERM handler drains RPCs and closes)."""
-    asyncio.get_running_loop().call_soon(signal.raise_signal, signal.SIGTERM)
+    stop_service(0)
 
 
-async def _auto_run(core: ExplorerCore) -> None:
+async def attach_synchronizer(
+    config: RFTConfig, core: ExplorerCore, receiver: WeightReceiver
+) -> SyncClient | None:
+    """Register with the configured synchronizer and gate every explore step on it (None: none set)."""
+    endpoint = config.services.synchronizer
+    if not (endpoint.address or endpoint.port):
+        return None
+    me = config.services.explorer
+    workers = sum(int(getattr(e, "workers", 1)) for e in core.engines)
+    client = SyncClient.from_config(
+        config, core.explorer_id, "explorer", address=me.address or me.host, workers=workers
+    )
+    method = config.synchronizer.sync_method
+    if method == "memory":
+        fetch = MemoryFetch(client, core.load_weights)
+    elif method == "checkpoint":
+        fetch = CheckpointFetch(core.load_weights)
+    else:
+        fetch = BroadcastFetch(client, receiver.setup, receiver.receive)
+    await client.register(step=core.step, model_version=core.model_version)
+    await client.start()
+    core.gate = ExplorerSyncGate(client, fetch)
+    return client
+
+
+async def _auto_run(core: ExplorerCore, client: SyncClient | None) -> None:
+    code = 0
     try:
         if core.config.mode == "bench":
             found = find_checkpoints(core.resolved.job_dir, core.config.explorer.bench_on_latest_checkpoint)
@@ -109,24 +149,42 @@ async def _auto_run(core: ExplorerCore) -> None:
         else:
             await core.explore()
         log.info("done", step=core.step)
-    except Exception:
+    except RunFinished:
+        log.info("run finished", step=core.step)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        code = 1
         core.status = "FAILED"
-        log.exception("explorer failed")
-    _stop_process()
+        log.exception("explorer failed", step=core.step, error=f"{type(exc).__name__}: {exc}")
+    if client is not None:
+        status = common_pb2.MEMBER_STATUS_STOPPED if code == 0 else common_pb2.MEMBER_STATUS_FAILED
+        try:
+            await client.stop(status)
+        except Exception:  # noqa: BLE001 - the exit code already says what happened
+            log.warning("could not report the end to the synchronizer")
+    stop_service(code)
 
 
 def make_build(explorer_id: str | None = None, shard: str | None = None):
     async def build(config: RFTConfig) -> tuple[Sequence[Registration], Callable[[], Awaitable[None]] | None]:
         core = await build_core(config, explorer_id=explorer_id, shard=shard)
         servicer = ExplorerServicer(core, on_shutdown=_stop_process)
+        client = await attach_synchronizer(config, core, servicer.weights)
         runner: asyncio.Task[None] | None = None
         if config.explorer.auto_start:
-            runner = asyncio.get_running_loop().create_task(_auto_run(core))
+            runner = asyncio.get_running_loop().create_task(_auto_run(core, client))
 
         async def close() -> None:
+            reported = runner is not None and runner.done()
             await core.stop()
             if runner is not None and not runner.done():
                 runner.cancel()
+                await asyncio.gather(runner, return_exceptions=True)
+            if client is not None:
+                if not reported:
+                    await client.stop()
+                await client.close()
             await core.close()
 
         return [registration(servicer)], close

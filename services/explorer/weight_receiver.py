@@ -34,6 +34,7 @@ class WeightReceiver:
         self.core = core
         self._groups: list[BroadcastGroup | None] = []
         self.generation: int | None = None
+        self._specs: tuple = ()
         self._lock = asyncio.Lock()
 
     @property
@@ -62,7 +63,7 @@ class WeightReceiver:
                 else:
                     self._groups.append(None)
                     ranks.extend(result)
-            self.generation = info.generation
+            self.generation, self._specs = info.generation, info.specs
             log.info("joined weight-sync group", generation=info.generation, ranks=ranks)
             return ranks
 
@@ -85,6 +86,7 @@ class WeightReceiver:
             finally:
                 self.core.status = "RUNNING"
             self.core.gate.notify_version(version)
+            await self.core.weights_loaded(version, [spec.name for spec in self._specs])
             return self.core.model_version
 
     async def load_chunks(
