@@ -43,12 +43,16 @@ def load_rows(path: str, split: str = "train") -> list[dict[str, Any]]:
     if not p.exists():
         raise OfflineDataError(f"offline data {path!r} does not exist")
     try:
-        if p.is_dir():
+        if p.is_file():
+            kind = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}.get(
+                p.suffix, "json"
+            )
+            data = load_dataset(kind, data_files=str(p), split="train")
+        elif (p / "dataset_info.json").is_file() or (p / "dataset_dict.json").is_file():
             data = load_from_disk(str(p))
             data = data[split] if hasattr(data, "keys") else data
-        else:
-            kind = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}.get(p.suffix, "json")
-            data = load_dataset(kind, data_files=str(p), split="train")
+        else:  # a folder of data files named by split (train.jsonl, test-*.parquet, ...)
+            data = load_dataset(str(p), split=split)
     except Exception as exc:  # datasets raises many kinds
         raise OfflineDataError(f"cannot read offline data {path!r}: {exc}") from None
     return [dict(r) for r in data]
