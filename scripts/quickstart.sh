@@ -1,21 +1,16 @@
 #!/usr/bin/env bash
-# Set everything up and run the main job of this version: build the local tiny model, validate the
-# run configs, and sample from the model through the same loader every service uses.
+# Set everything up and run the main job: the quickstart. Builds the local tiny model when it is missing,
+# checks the example configs, then `rft run --config examples/quickstart.yaml` (SFT warm-up, then GRPO
+# on the tiny model; a few minutes on a 2-core CPU). Extra arguments go to `rft run`, e.g.
+#   bash scripts/quickstart.sh --set buffer.total_steps=60
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 PY=${RFT_VENV:-.venv}/bin
 
 "$PY/rft" make-tiny-model models/tiny
-for cfg in examples/verl_mapping/*.yaml; do "$PY/rft" config check "$cfg"; done
-"$PY/python" - <<'PY'
-import torch
-from services.common.modeling import load_model_and_tokenizer
-
-model, tok = load_model_and_tokenizer("models/tiny")
-torch.manual_seed(0)
-batch = tok(["12+34=", "7*8="], return_tensors="pt", padding=True)
-out = model.generate(**batch, max_new_tokens=8, do_sample=True)
-for row in tok.batch_decode(out, skip_special_tokens=True):
-    print("sample:", row)
-PY
+[ -f examples/data/arithmetic.jsonl ] || "$PY/python" examples/data/make_arithmetic.py
+for cfg in examples/quickstart.yaml examples/ppo.yaml examples/gsm8k_grpo.yaml examples/verl_mapping/*.yaml; do
+  "$PY/rft" config check "$cfg"
+done
+exec "$PY/rft" run --config examples/quickstart.yaml "$@"
