@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.common.config import resolve
-from services.launch.offline_data import feed
 from services.launch.plan import WAVES, Stage, child_env, effective_tree, service_argv, write_config
 from services.launch.processes import ServiceProcess
 from services.launch.progress import Progress
@@ -142,6 +141,8 @@ class StageRun:
             self._peer_env()
             await self._start_wave(self.waves[1], stop)
             if self._needs_feeder():
+                from services.launch.offline_data import feed  # torch/transformers: only when needed
+
                 buffer = next(p for p in self.waves[0] if p.name == "buffer")
                 feeder = asyncio.create_task(
                     feed(self.config.model_copy(update={"model": self.config.model.model_copy(
