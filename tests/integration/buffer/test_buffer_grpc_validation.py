@@ -54,7 +54,7 @@ BAD = {
         "experiences[1].prompt_length",
     ),
     "logprobs length": (lambda b: b.experiences[1].logprobs.append(-0.5), "experiences[1].logprobs"),
-    "action_mask length": (lambda b: b.experiences[1].action_mask.pop(), "experiences[1].action_mask"),
+    "action_mask length": (lambda b: b.experiences[1].action_mask.append(True), "experiences[1].action_mask"),
     "token_level_rewards length": (
         lambda b: b.experiences[1].token_level_rewards.extend([0.0]),
         "experiences[1].token_level_rewards",
