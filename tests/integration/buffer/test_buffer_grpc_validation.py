@@ -173,7 +173,11 @@ malformed = st.sampled_from(sorted(BAD))
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(kinds=st.lists(malformed, min_size=1, max_size=4), position=st.integers(0, 3), extra=st.integers(0, 3))
+@given(
+    kinds=st.lists(malformed, min_size=1, max_size=4, unique=True),
+    position=st.integers(0, 3),
+    extra=st.integers(0, 3),
+)
 async def test_property_malformed_batches_leave_store_unchanged(served, kinds, position, extra):
     core, stub = served
     before = await core.stats("default")
