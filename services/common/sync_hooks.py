@@ -20,7 +20,8 @@ version exists, or an nccl broadcast is about to start, it fetches and loads it,
 (`report_sync`) and only then returns. A wait that times out raises `SyncWaitTimeout`; the end of the
 run raises `RunFinished`. A broken or stale broadcast group (`GroupBrokenError`,
 `StaleGenerationError`: a member died or the group changed mid-sync) is reported and waited out:
-the gate asks again, with a fresh `timeout_s`, and joins the next generation.
+the gate asks again and joins the next generation, waiting up to 2 x `timeout_s` from the failure
+(the sender needs up to one timeout to notice it, then sends the next version).
 """
 
 from __future__ import annotations
@@ -141,7 +142,9 @@ class ExplorerSyncGate:
                     f"still at {self.held} after {self.timeout_s:g}s"
                 )
             offered = answer.model_version.version
-            if answer.receive_broadcast or offered > self.held:
+            # nccl weights come only by broadcast; the other methods fetch whatever is newer
+            newer = offered > self.held and answer.sync_method != "nccl"
+            if answer.receive_broadcast or newer:
                 self.waiting_for = offered
                 try:
                     loaded = await self.fetch(answer)
@@ -151,7 +154,9 @@ class ExplorerSyncGate:
                     )
                     if not isinstance(exc, (GroupBrokenError, StaleGenerationError)):
                         raise
-                    deadline = time.monotonic() + self.timeout_s  # a new group: a new wait
+                    # the sender notices the failure within its own timeout, then sends the next
+                    # version to a new group generation: wait for up to two timeouts from here
+                    deadline = time.monotonic() + 2 * self.timeout_s
                     continue
                 finally:
                     self.waiting_for = None

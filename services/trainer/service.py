@@ -9,8 +9,8 @@ synchronizer; checkpoint: writes and notifies; nccl: joins the group the synchro
 broadcasts) on the synchronizer's plan. Without one, weights move only on SyncWeights RPCs.
 
 `trainer.auto_start`: the service trains on its own (`TrainerCore.run`) until `total_steps` or, with
-a synchronizer, until every explorer that joined has stopped (STOPPED: its data or total_steps ran
-out; a LOST one may come back, so it is waited for) and the buffer holds less than a batch; then it
+a synchronizer, until every explorer that joined has left (STOPPED: its data or total_steps ran out,
+or FAILED; a LOST one may come back, so it is waited for) and the buffer holds less than a batch; then it
 saves the last step (HF export per `save_hf_checkpoint`), reports STOPPED to the synchronizer (which
 ends the run for the explorers) and stops its process: exit code 0, or 1 with an `trainer failed`
 log line when a step, a sync or the save failed (reported to the synchronizer as FAILED).
@@ -181,10 +181,12 @@ class _TransferFailureTolerant:
 
 
 async def _explorers_stopped(client: SyncClient) -> bool:
-    """Every explorer that joined the run has stopped (its data ended), and at least one joined."""
+    """Every explorer that joined the run has left it (STOPPED: its data ended, or FAILED), and at
+    least one joined. A LOST explorer may register again, so it is waited for."""
     state = await client.get_run_state()
     explorers = [m for m in state.members if m.role == synchronizer_pb2.MEMBER_ROLE_EXPLORER]
-    return bool(explorers) and all(m.status == common_pb2.MEMBER_STATUS_STOPPED for m in explorers)
+    gone = (common_pb2.MEMBER_STATUS_STOPPED, common_pb2.MEMBER_STATUS_FAILED)
+    return bool(explorers) and all(m.status in gone for m in explorers)
 
 
 async def _drive(core: TrainerCore, client: SyncClient | None) -> None:
