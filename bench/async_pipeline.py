@@ -1,0 +1,103 @@
+"""The one-step pipeline: the quickstart's GRPO job with `sync_offset: 1` vs strictly on-policy `sync_offset: 0`.
+
+    python bench/async_pipeline.py [--quick] [--steps N] [--reps R] [--max-tokens T]
+
+Both run `rft run` (memory store, weights through the synchronizer, `sync_interval: 1`) from the same
+warmed-up tiny model (`rft_runs.warm_model`), with the quickstart's settings (8 prompts x 8 samples,
+lr 1e-3, temperature 1.0) and at most `--max-tokens` new tokens. With offset 0 the explorer waits for
+step k's weights before it samples step k+1, so sampling and training take turns; with offset 1 it
+samples step k+1 on the weights of step k-1 while the trainer trains step k, so the two overlap.
+Runs alternate (0, 1, 1, 0, ...), `--reps` each; figures are medians over repetitions.
+- time per step: from the end of step W to the end of step N (the trainer's `weights sent` events),
+  over N - W steps, so start-up and the first steps are out;
+- reward after N x 64 samples: the mean reward of the last 5 steps' samples, and the mean over the
+  whole run (the reward curve's area); the spread over repetitions of offset 0 is the noise.
+The last line printed is one JSON object (DESIGN.md section 8): "ratio" = offset-0 step time / offset-1
+step time (higher = faster), "target" 1.67 (offset-1 step time <= 0.6x offset 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "protos"), str(ROOT / "bench")]
+
+from rft_runs import grpo_config, mean_last, run_rft, warm_model  # noqa: E402
+
+SAMPLES, LAST = 64, 5
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer steps and repetitions (under 3 minutes)")
+    ap.add_argument("--steps", type=int, help="steps per run (default 40, quick 16)")
+    ap.add_argument("--warmup", type=int, help="steps left out of the step time (default 5, quick 4)")
+    ap.add_argument("--reps", type=int, help="runs per offset (default 3, quick 2)")
+    ap.add_argument("--max-tokens", type=int, default=32, help="max new tokens per sample")
+    ap.add_argument("--model-dir", type=Path, default=ROOT / "runs" / "bench" / "model",
+                    help="where the warmed-up tiny model is made (reused when present)")  # fmt: skip
+    args = ap.parse_args()
+    steps = args.steps or (16 if args.quick else 40)
+    warmup = args.warmup or (4 if args.quick else 5)
+    reps = args.reps or (2 if args.quick else 3)
+
+    model = args.model_dir / "warm"
+    if not (model / "config.json").exists():
+        model = warm_model(args.model_dir)
+    work = Path(tempfile.mkdtemp(prefix="async_pipeline-"))
+    runs: dict[int, list[dict[str, float]]] = {0: [], 1: []}
+    try:
+        for rep in range(reps):
+            for offset in (0, 1) if rep % 2 == 0 else (1, 0):
+                name = f"off{offset}-rep{rep}"
+                cfg = grpo_config(work / f"{name}.yaml", model=model, root=work / "ck", name=name, steps=steps,
+                                  sync_offset=offset, sync_interval=1, max_tokens=args.max_tokens, seed=rep)  # fmt: skip
+                r = run_rft(cfg, work / "ck" / "bench" / name)
+                _, tps, sps = r.window(warmup, SAMPLES)
+                fig = {"s_per_step": sps, "tokens_per_s": tps, "reward_last": mean_last(r.reward, LAST),
+                       "reward_mean": statistics.fmean(r.reward), "wall_s": r.wall_s}  # fmt: skip
+                runs[offset].append(fig)
+                print(f"rep {rep} sync_offset {offset}: {sps:.3f} s/step {tps:7.0f} tokens/s reward last "
+                      f"{fig['reward_last']:.3f} mean {fig['reward_mean']:.3f} (process {r.wall_s:.0f}s)",
+                      flush=True)  # fmt: skip
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    keys = ("s_per_step", "tokens_per_s", "reward_last", "reward_mean", "wall_s")
+    med = {o: {k: statistics.median(f[k] for f in runs[o]) for k in keys} for o in (0, 1)}
+    noise = (
+        (max(f["reward_mean"] for f in runs[0]) - min(f["reward_mean"] for f in runs[0])) if reps > 1 else 0.0
+    )
+    print(f"\nquickstart GRPO, {steps} steps x {SAMPLES} samples (<= {args.max_tokens} tokens), "
+          f"step time after {warmup} warm-up steps, median of {reps}")  # fmt: skip
+    print(
+        f"{'':14s}{'s/step':>9s}{'tokens/s':>10s}{'reward last':>13s}{'reward mean':>13s}{'process s':>11s}"
+    )
+    for o in (0, 1):
+        f = med[o]
+        print(f"sync_offset {o}{f['s_per_step']:9.3f}{f['tokens_per_s']:10.0f}{f['reward_last']:13.3f}"
+              f"{f['reward_mean']:13.3f}{f['wall_s']:11.1f}")  # fmt: skip
+    ratio = med[0]["s_per_step"] / med[1]["s_per_step"]
+    print(f"offset-1 step time = {1 / ratio:.2f}x offset 0 (target <= 0.6x); reward-mean spread at "
+          f"offset 0 (noise): {noise:.3f}", flush=True)  # fmt: skip
+    print(json.dumps({
+        "bench": "async_pipeline", "quick": args.quick, "steps": steps, "warmup": warmup, "reps": reps,
+        "max_tokens": args.max_tokens,
+        "offset1_s_per_step": round(med[1]["s_per_step"], 4), "offset1_reward_last": round(med[1]["reward_last"], 4),
+        "offset1_reward_mean": round(med[1]["reward_mean"], 4),
+        "offset0_s_per_step": round(med[0]["s_per_step"], 4), "offset0_reward_last": round(med[0]["reward_last"], 4),
+        "offset0_reward_mean": round(med[0]["reward_mean"], 4),
+        "reward_noise": round(noise, 4), "step_time_fraction": round(1 / ratio, 3),
+        "ratio": round(ratio, 3), "target": round(1 / 0.6, 2),
+    }))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,174 @@
+"""End to end: the same GRPO job run by RFT Mesh (`rft run`) and by TRL's `GRPOTrainer`, side by side.
+
+    python bench/e2e_vs_trl.py [--quick] [--steps N] [--reps R] [--trl-python PATH]
+
+The job: the tiny Qwen2 of `rft make-tiny-model` warmed up on the right answers (`rft_runs.warm_model`;
+both sides start from that same folder), the a+b prompts of `examples/data/arithmetic.jsonl`, the exact-
+match reward `arithmetic_reward` (1 for the right number, 0 otherwise; TRL calls the same function,
+compiled from the product's source), 8 prompts per step x 8 samples (`repeat_times` = `num_generations`
+= 8), at most 32 new tokens, temperature 1.0, learning rate 1e-3 (constant), no KL (`beta=0`), on CPU.
+- RFT Mesh: `rft run` with the memory store, strictly on-policy (`sync_offset: 0`, `sync_interval: 1`,
+  weights through the synchronizer), the `hf` rollout engine; four processes.
+- TRL: `GRPOTrainer` in one process (no vLLM; defaults otherwise: loss "dapo", one iteration), with
+  one torch thread (`--trl-threads`), as `rft run` gives each of its processes (OMP_NUM_THREADS=1 on a
+  2-core machine); with 2 threads TRL was 2-25x slower here whenever other work shared the cores.
+Runs alternate (ours, TRL, TRL, ours, ...), `--reps` each; figures are medians over repetitions.
+Completions/s and trained tokens/s (prompt + completion) count steps after `--warmup` (start-up, model
+load and the first steps are out on both sides); reward is the mean reward of the samples of the last 5
+steps of N, i.e. after the same number of samples on both sides.
+
+TRL is a benchmark-only dependency, in its own virtualenv (default `.venv-bench`, git-ignored). When it
+is missing the benchmark creates it with the CPU torch pin (about a minute, 1.5 GB), which is:
+
+    python3 -m venv .venv-bench && .venv-bench/bin/pip install torch==2.13.0 && .venv-bench/bin/pip install trl
+
+The last line printed is one JSON object (DESIGN.md section 8): "ratio" = our completions/s / TRL's,
+"target" 2.0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "protos"), str(ROOT / "bench")]
+
+from rft_runs import DATA, grpo_config, mean_last, run_rft, warm_model  # noqa: E402
+
+GROUP, PROMPTS, MAX_TOKENS, LR, TEMPERATURE = 8, 8, 32, 1e-3, 1.0
+SAMPLES = GROUP * PROMPTS
+LAST = 5  # reward: mean of the last LAST steps' samples
+
+
+def ensure_trl(python: Path) -> Path:
+    if python.exists():
+        return python
+    venv = python.parent.parent
+    print(f"TRL virtualenv missing: creating {venv} (torch==2.13.0 CPU, then trl)", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    pip = [str(venv / "bin" / "pip"), "install", "-q"]
+    subprocess.run([*pip, "torch==2.13.0"], check=True)
+    subprocess.run([*pip, "trl"], check=True)
+    return python
+
+
+def run_trl(python: Path, model: Path, steps: int, work: Path, threads: int) -> dict:
+    out = work / "trl.json"
+    t0 = time.perf_counter()
+    subprocess.run(
+        [str(python), str(ROOT / "bench" / "trl_grpo_worker.py"), "--model", str(model), "--data", str(DATA),
+         "--steps", str(steps), "--out", str(out), "--lr", str(LR), "--temperature", str(TEMPERATURE),
+         "--group", str(GROUP), "--prompts", str(PROMPTS), "--max-tokens", str(MAX_TOKENS),
+         "--threads", str(threads)],
+        cwd=ROOT, check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    result = json.loads(out.read_text())
+    result["wall_s"] = time.perf_counter() - t0
+    return result
+
+
+def trl_figures(r: dict, warmup: int) -> dict[str, float]:
+    ends, cum = r["step_end_s"], r["num_tokens"]
+    span = ends[-1] - ends[warmup - 1]
+    steps = len(ends) - warmup
+    return {
+        "completions_per_s": steps * SAMPLES / span,
+        "tokens_per_s": (cum[-1] - cum[warmup - 1]) / span,
+        "s_per_step": span / steps,
+        "reward": mean_last(r["reward"], LAST),
+        "wall_s": r["wall_s"],
+    }
+
+
+def rft_figures(config: Path, job_dir: Path, warmup: int) -> dict[str, float]:
+    r = run_rft(config, job_dir)
+    cps, tps, sps = r.window(warmup, SAMPLES)
+    return {"completions_per_s": cps, "tokens_per_s": tps, "s_per_step": sps,
+            "reward": mean_last(r.reward, LAST), "wall_s": r.wall_s}  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer steps and repetitions (under 3 minutes)")
+    ap.add_argument("--steps", type=int, help="steps per run (default 20, quick 16)")
+    ap.add_argument("--warmup", type=int, help="steps left out of throughput (default 5, quick 4)")
+    ap.add_argument("--reps", type=int, help="runs per side (default 3, quick 2)")
+    ap.add_argument("--trl-python", type=Path, default=ROOT / ".venv-bench" / "bin" / "python")
+    ap.add_argument(
+        "--trl-threads",
+        type=int,
+        default=1,
+        help="TRL's torch threads (1, as `rft run` gives each process: 2 thrash on a shared 2-core box)",
+    )
+    ap.add_argument("--model-dir", type=Path, default=ROOT / "runs" / "bench" / "model",
+                    help="where the warmed-up tiny model is made (reused when present)")  # fmt: skip
+    args = ap.parse_args()
+    steps = args.steps or (16 if args.quick else 40)
+    warmup = args.warmup or (4 if args.quick else 5)
+    reps = args.reps or (2 if args.quick else 3)
+
+    python = ensure_trl(args.trl_python)
+    model = args.model_dir / "warm"
+    if not (model / "config.json").exists():
+        model = warm_model(args.model_dir)
+    work = Path(tempfile.mkdtemp(prefix="e2e_vs_trl-"))
+    ours: list[dict[str, float]] = []
+    base: list[dict[str, float]] = []
+    try:
+        for rep in range(reps):
+            order = ("rft", "trl") if rep % 2 == 0 else ("trl", "rft")
+            for side in order:
+                if side == "rft":
+                    name = f"rep{rep}"
+                    cfg = grpo_config(work / f"{name}.yaml", model=model, root=work / "ck", name=name,
+                                      steps=steps, sync_offset=0, max_tokens=MAX_TOKENS, lr=LR,
+                                      temperature=TEMPERATURE, repeat_times=GROUP, batch_size=PROMPTS,
+                                      seed=rep)  # fmt: skip
+                    ours.append(rft_figures(cfg, work / "ck" / "bench" / name, warmup))
+                    fig = ours[-1]
+                else:
+                    base.append(trl_figures(run_trl(python, model, steps, work, args.trl_threads), warmup))
+                    fig = base[-1]
+                print(f"rep {rep} {side:4s} {fig['completions_per_s']:8.1f} completions/s "
+                      f"{fig['tokens_per_s']:8.0f} tokens/s {fig['s_per_step']:6.3f} s/step "
+                      f"reward {fig['reward']:.3f} (process {fig['wall_s']:.0f}s)", flush=True)  # fmt: skip
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    def med(rows: list[dict[str, float]], key: str) -> float:
+        return statistics.median(r[key] for r in rows)
+
+    keys = ("completions_per_s", "tokens_per_s", "s_per_step", "reward", "wall_s")
+    o = {k: med(ours, k) for k in keys}
+    b = {k: med(base, k) for k in keys}
+    print(f"\nGRPO, tiny Qwen2, {steps} steps x {SAMPLES} samples (<= {MAX_TOKENS} tokens), "
+          f"throughput after {warmup} warm-up steps, median of {reps}")  # fmt: skip
+    print(f"{'':12s}{'completions/s':>15s}{'tokens/s':>12s}{'s/step':>9s}{'reward':>9s}{'process s':>11s}")
+    for label, f in (("RFT Mesh", o), ("TRL", b)):
+        print(f"{label:12s}{f['completions_per_s']:15.1f}{f['tokens_per_s']:12.0f}{f['s_per_step']:9.3f}"
+              f"{f['reward']:9.3f}{f['wall_s']:11.1f}")  # fmt: skip
+    ratio = o["completions_per_s"] / b["completions_per_s"]
+    print(f"ratio (completions/s, ours / TRL): {ratio:.2f}x   target 2.0x", flush=True)
+    print(json.dumps({
+        "bench": "e2e_vs_trl", "quick": args.quick, "steps": steps, "warmup": warmup, "reps": reps,
+        "samples_per_step": SAMPLES, "max_completion_length": MAX_TOKENS,
+        "rft_completions_per_s": round(o["completions_per_s"], 2), "rft_tokens_per_s": round(o["tokens_per_s"], 1),
+        "rft_s_per_step": round(o["s_per_step"], 4), "rft_reward": round(o["reward"], 4),
+        "trl_completions_per_s": round(b["completions_per_s"], 2), "trl_tokens_per_s": round(b["tokens_per_s"], 1),
+        "trl_s_per_step": round(b["s_per_step"], 4), "trl_reward": round(b["reward"], 4),
+        "tokens_ratio": round(o["tokens_per_s"] / b["tokens_per_s"], 3),
+        "reward_delta": round(o["reward"] - b["reward"], 4),
+        "trl_threads": args.trl_threads, "ratio": round(ratio, 3), "target": 2.0,
+    }))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

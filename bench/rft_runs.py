@@ -1,0 +1,170 @@
+"""Helpers shared by the end-to-end benchmarks (`e2e_vs_trl.py`, `async_pipeline.py`): a warmed-up tiny
+model, a one-stage GRPO config derived from `examples/quickstart.yaml`, and one timed `rft run`.
+
+Why a warm-up: a random tiny model never writes the right sum, so every sample of a group has the same
+exact-match reward and GRPO has nothing to learn from (the quickstart has an SFT stage for that). The
+benchmarks want "reward after N samples" to mean something, so they start every run, ours and the
+baseline's, from the same folder: `make_tiny_model` plus a few supervised steps on the right answers
+(stopped while the model still answers only some prompts right), saved with `save_pretrained`.
+
+Timing of an `rft run`: the trainer logs `weights sent` (with a timestamp) once per step, after the
+optimizer step and the sync; step k's end is that timestamp. Throughput "after warm-up" is the samples of
+steps W+1..N over the time from step W's end to step N's end, so process start-up, model loading and
+the first steps (allocator growth) are out, as they are for the baseline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICKSTART = ROOT / "examples" / "quickstart.yaml"
+DATA = ROOT / "examples" / "data" / "arithmetic.jsonl"
+
+
+def warm_model(out_dir: Path, sft_steps: int = 30, lr: float = 1e-3, seed: int = 0) -> Path:
+    """`make_tiny_model` + `sft_steps` full-batch supervised steps on the arithmetic rows
+    (prompt + answer + EOS, loss on the answer), as the quickstart's SFT stage does."""
+    import torch
+
+    from services.common.modeling import load_model, load_tokenizer
+    from services.common.tiny_model import make_tiny_model
+
+    base = out_dir / "base"
+    if not (base / "config.json").exists():
+        make_tiny_model(base, seed=seed)
+    tok, model = load_tokenizer(str(base)), load_model(str(base), device="cpu")
+    rows = [json.loads(line) for line in DATA.read_text().splitlines() if line.strip()]
+    seqs, starts = [], []
+    for row in rows:
+        p = tok.encode(row["question"], add_special_tokens=False)
+        r = tok.encode(str(row["answer"]), add_special_tokens=False) + [tok.eos_token_id]
+        seqs.append(p + r)
+        starts.append(len(p))
+    width = max(map(len, seqs))
+    ids = torch.tensor([s + [tok.pad_token_id] * (width - len(s)) for s in seqs])
+    labels = ids.clone()
+    for i, (s, start) in enumerate(zip(seqs, starts, strict=True)):
+        labels[i, :start] = -100
+        labels[i, len(s) :] = -100
+    mask = (labels != -100) | (torch.arange(width)[None, :] < torch.tensor([len(s) for s in seqs])[:, None])
+    torch.manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    model.train()
+    for _ in range(sft_steps):
+        loss = model(input_ids=ids, attention_mask=mask.long(), labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    warm = out_dir / "warm"
+    model.save_pretrained(warm)
+    tok.save_pretrained(warm)
+    return warm
+
+
+def grpo_config(
+    path: Path,
+    *,
+    model: Path,
+    root: Path,
+    name: str,
+    steps: int,
+    sync_offset: int = 0,
+    sync_interval: int = 1,
+    max_tokens: int = 32,
+    lr: float = 1e-3,
+    temperature: float = 1.0,
+    repeat_times: int = 8,
+    batch_size: int = 8,
+    seed: int = 1,
+) -> Path:
+    """The quickstart's GRPO stage as a one-stage run, with the benchmark's settings."""
+    tree: dict[str, Any] = yaml.safe_load(QUICKSTART.read_text())
+    tree.pop("stages", None)
+    tree.update(project="bench", name=name, checkpoint_root_dir=str(root), continue_from_checkpoint=False)
+    tree["algorithm"]["repeat_times"] = repeat_times
+    tree["algorithm"]["optimizer"]["lr"] = lr
+    tree["model"].update(model_path=str(model), max_response_tokens=max_tokens, temperature=temperature)
+    tree["buffer"].update(batch_size=batch_size, total_steps=steps)
+    taskset = tree["buffer"]["explorer_input"]["taskset"]
+    taskset["path"] = str(DATA)
+    taskset["data_selector"]["seed"] = seed
+    tree["synchronizer"].update(sync_offset=sync_offset, sync_interval=sync_interval)
+    # one micro-batch per step: the default token budget (2 x max_model_len, as Trinity-RFT, sized for
+    # GPUs) splits 64 short rows into ~7 forward/backward passes, each paying the model's Python overhead
+    tree["trainer"].update(save_interval=0, save_hf_checkpoint="never", max_token_len_per_gpu=4096)
+    tree["monitor"]["monitor_type"] = "console"
+    path.write_text(yaml.safe_dump(tree, sort_keys=False))
+    return path
+
+
+@dataclass
+class RunResult:
+    wall_s: float
+    step_end_s: list[float]  # seconds since the first step's end, one per step
+    reward: list[float]  # mean reward of the samples trained at each step
+    tokens: list[float]  # trained tokens (prompt + response) per step
+    metrics: list[dict[str, float]]
+
+    def window(self, warmup: int, samples_per_step: int) -> tuple[float, float, float]:
+        """(completions/s, trained tokens/s, seconds per step) over steps warmup+1..N."""
+        steps = len(self.step_end_s) - warmup
+        span = self.step_end_s[-1] - self.step_end_s[warmup - 1]
+        return steps * samples_per_step / span, sum(self.tokens[warmup:]) / span, span / steps
+
+
+def _stamp(value: str) -> float:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def run_rft(config: Path, job_dir: Path, threads: dict[str, str] | None = None) -> RunResult:
+    """`rft run --config config`; per-step figures from the trainer's log and metrics."""
+    env = {**os.environ, **(threads or {})}
+    t0 = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "services.cli", "run", "--config", str(config)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"rft run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
+    ends: dict[int, float] = {}
+    for line in (job_dir / "log" / "trainer.log").read_text().splitlines():
+        if line.startswith("{") and '"weights sent"' in line:
+            event = json.loads(line)
+            ends[int(event["step"])] = _stamp(event["timestamp"])
+    metrics = [json.loads(x) for x in (job_dir / "metrics" / "trainer.jsonl").read_text().splitlines() if x]
+    metrics.sort(key=lambda m: m["step"])
+    steps = sorted(ends)
+    first = ends[steps[0]]
+    return RunResult(
+        wall_s=wall,
+        step_end_s=[ends[s] - first for s in steps],
+        reward=[float(m["critic/score/mean"]) for m in metrics],
+        tokens=[float(m["perf/total_num_tokens"]) for m in metrics],
+        metrics=metrics,
+    )
+
+
+def mean_last(values: list[float], k: int) -> float:
+    return statistics.fmean(values[-k:])
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
