@@ -7,6 +7,8 @@ warmed-up tiny model (`rft_runs.warm_model`), with the quickstart's settings (8 
 lr 1e-3, temperature 1.0) and at most `--max-tokens` new tokens. With offset 0 the explorer waits for
 step k's weights before it samples step k+1, so sampling and training take turns; with offset 1 it
 samples step k+1 on the weights of step k-1 while the trainer trains step k, so the two overlap.
+Response lengths follow the learning (a run whose policy drifts writes up to 32 tokens, one that learns
+writes ~3), so step time also reports trained tokens/s, which does not depend on how long answers got.
 Runs alternate (0, 1, 1, 0, ...), `--reps` each; figures are medians over repetitions.
 - time per step: from the end of step W to the end of step N (the trainer's `weights sent` events),
   over N - W steps, so start-up and the first steps are out;
@@ -94,6 +96,9 @@ def main() -> None:
         "offset1_reward_mean": round(med[1]["reward_mean"], 4),
         "offset0_s_per_step": round(med[0]["s_per_step"], 4), "offset0_reward_last": round(med[0]["reward_last"], 4),
         "offset0_reward_mean": round(med[0]["reward_mean"], 4),
+        "offset1_tokens_per_s": round(med[1]["tokens_per_s"], 1),
+        "offset0_tokens_per_s": round(med[0]["tokens_per_s"], 1),
+        "tokens_ratio": round(med[1]["tokens_per_s"] / med[0]["tokens_per_s"], 3),
         "reward_noise": round(noise, 4), "step_time_fraction": round(1 / ratio, 3),
         "ratio": round(ratio, 3), "target": round(1 / 0.6, 2),
     }))  # fmt: skip

@@ -60,7 +60,7 @@ def ensure_trl(python: Path) -> Path:
     return python
 
 
-def run_trl(python: Path, model: Path, steps: int, work: Path, threads: int) -> dict:
+def run_trl(python: Path, model: Path, steps: int, work: Path, threads: int, seed: int) -> dict:
     out = work / "trl.json"
     t0 = time.perf_counter()
     subprocess.run(
@@ -135,7 +135,9 @@ def main() -> None:
                     ours.append(rft_figures(cfg, work / "ck" / "bench" / name, warmup))
                     fig = ours[-1]
                 else:
-                    base.append(trl_figures(run_trl(python, model, steps, work, args.trl_threads), warmup))
+                    base.append(
+                        trl_figures(run_trl(python, model, steps, work, args.trl_threads, rep), warmup)
+                    )
                     fig = base[-1]
                 print(f"rep {rep} {side:4s} {fig['completions_per_s']:8.1f} completions/s "
                       f"{fig['tokens_per_s']:8.0f} tokens/s {fig['s_per_step']:6.3f} s/step "
