@@ -7,10 +7,12 @@
 
 Calls (one per RPC): `register`, `heartbeat`, `request_sync` (trainer, after a step: publish now?),
 `wait_for_version` (explorer, before a step: returns when it may run or must join a broadcast),
-`report_sync`, `push_weights`/`push_chunks` (memory: from a state dict via `state_dict_to_chunks`),
-`pull_weights` (memory: to a state dict via `chunks_to_state_dict`), `notify_checkpoint`,
+`report_sync`, `push_weights`/`push_chunks` (memory: a state dict, or `WeightChunk`s),
+`pull_weights` (memory: to a state dict), `notify_checkpoint`,
 `get_run_state`, `get_weight_sync_info` (nccl rendezvous: `GroupInfo` and this member's ranks),
-`shutdown_run`. Unary calls use `timeout_s`; waits add their own timeout; weight streams use
+`shutdown_run`. `push_weights` / `pull_weights` move serialized chunks with pass-through
+(de)serializers (`encode_raw_chunks` / `raw_chunks_to_state_dict`): no message objects are built
+for the bulk bytes on either side. Unary calls use `timeout_s`; waits add their own timeout; weight streams use
 `sync_timeout_s`. The heartbeat loop registers again when the synchronizer answers NOT_FOUND (after
 it marked this member LOST or restarted). The hook adapters for the trainer and explorer cores
 are in `services.common.sync_hooks`.
@@ -29,16 +31,13 @@ from rft.v1 import common_pb2, synchronizer_pb2, synchronizer_pb2_grpc
 
 from services.common.log import get_logger
 from services.common.rpc import create_channel
-from services.common.weight_sync import (
-    GroupInfo,
-    TensorSpec,
-    chunks_to_state_dict,
-    specs_to_proto,
-    state_dict_to_chunks,
-)
+from services.common.weight_sync import GroupInfo, TensorSpec, specs_to_proto
+from services.common.weight_sync.memory import encode_raw_chunks, raw_chunks_to_state_dict
 
 log = get_logger("sync_client")
 
+_PUSH = "/rft.v1.SynchronizerService/PushWeights"
+_PULL = "/rft.v1.SynchronizerService/PullWeights"
 ROLES = {"trainer": synchronizer_pb2.MEMBER_ROLE_TRAINER, "explorer": synchronizer_pb2.MEMBER_ROLE_EXPLORER}
 Status = common_pb2.MemberStatus
 
@@ -68,6 +67,16 @@ class SyncClient:
         if role not in ROLES:
             raise ValueError(f"role {role!r} is not one of {', '.join(ROLES)}")
         self.stub = synchronizer_pb2_grpc.SynchronizerServiceStub(channel)
+        self._push_raw = channel.stream_unary(
+            _PUSH,
+            request_serializer=None,
+            response_deserializer=synchronizer_pb2.PushWeightsResponse.FromString,
+        )
+        self._pull_raw = channel.unary_stream(
+            _PULL,
+            request_serializer=synchronizer_pb2.PullWeightsRequest.SerializeToString,
+            response_deserializer=None,
+        )
         self.channel = channel
         self.member_id, self.role = member_id, role
         self.address, self.workers, self.weight_sync_port = address, workers, weight_sync_port
@@ -222,11 +231,11 @@ class SyncClient:
         step: int | None = None,
         chunk_bytes: int = 4 << 20,
     ) -> synchronizer_pb2.PushWeightsResponse:
-        """memory: encode `state_dict` (safetensors chunks, in a thread) and push it as `version`."""
-        chunks = await asyncio.to_thread(
-            state_dict_to_chunks, state_dict, version, step=step, chunk_bytes=chunk_bytes
+        """memory: encode `state_dict` (serialized safetensors chunks, in a thread), push it as `version`."""
+        raws = await asyncio.to_thread(
+            encode_raw_chunks, state_dict, version, step=step, chunk_bytes=chunk_bytes
         )
-        return await self.push_chunks(chunks)
+        return await self._push_raw(iter(raws), timeout=self.sync_timeout_s)
 
     async def pull_chunks(self, version: int = 0) -> list[common_pb2.WeightChunk]:
         req = synchronizer_pb2.PullWeightsRequest(member_id=self.member_id, version=version)
@@ -236,8 +245,9 @@ class SyncClient:
         self, version: int = 0, device: str | torch.device = "cpu"
     ) -> tuple[common_pb2.ModelVersion, dict[str, torch.Tensor]]:
         """memory: the latest (or `version`) state dict, decoded (in a thread)."""
-        chunks = await self.pull_chunks(version)
-        return await asyncio.to_thread(chunks_to_state_dict, chunks, device)
+        req = synchronizer_pb2.PullWeightsRequest(member_id=self.member_id, version=version)
+        raws = [r async for r in self._pull_raw(req, timeout=self.sync_timeout_s)]
+        return await asyncio.to_thread(raw_chunks_to_state_dict, raws, device)
 
     async def notify_checkpoint(self, version: int, step: int, path: str) -> common_pb2.ModelVersion:
         req = common_pb2.ModelVersion(version=version, step=step, checkpoint_path=str(path))

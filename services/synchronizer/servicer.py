@@ -2,7 +2,8 @@
 
 Errors: NotRegistered -> NOT_FOUND (register again), WrongState -> FAILED_PRECONDITION,
 InvalidArgument and malformed chunk streams -> INVALID_ARGUMENT. Weights (memory method) never get
-decoded here: `PushWeights` keeps each received `WeightChunk` message as its serialized bytes, and
+decoded here: `PushWeights` reads each received `WeightChunk`'s fields straight from its wire bytes
+(`parse_raw_chunk`, the data is never copied) and keeps those bytes, and
 `PullWeights` streams those bytes back unchanged (custom (de)serializers in `add_to_server`), so
 chunks go out exactly as the trainer cut them (`PullWeightsRequest.chunk_bytes` is not applied).
 """
@@ -10,13 +11,14 @@ chunks go out exactly as the trainer cut them (`PullWeightsRequest.chunk_bytes` 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf import message_factory
 from rft.v1 import common_pb2, synchronizer_pb2, synchronizer_pb2_grpc
 
 from services.common.weight_sync import MissingChunkError, specs_from_proto
+from services.common.weight_sync.memory import parse_raw_chunk
 from services.synchronizer.core import SynchronizerCore
 from services.synchronizer.errors import InvalidArgument, NotRegistered, WrongState
 from services.synchronizer.members import MemberStatus, Role
@@ -25,7 +27,7 @@ from services.synchronizer.weights import PushAssembly
 
 T = TypeVar("T")
 SERVICE_NAME = "rft.v1.SynchronizerService"
-RawChunk = tuple[common_pb2.WeightChunk, bytes]
+RawChunk = tuple[Any, bytes]  # (the parsed fields, the wire bytes)
 
 
 async def _guard(context: grpc.aio.ServicerContext, call: Callable[[], Awaitable[T]]) -> T:
@@ -195,7 +197,8 @@ class SynchronizerServicer(synchronizer_pb2_grpc.SynchronizerServiceServicer):
 
 
 def _raw_chunk(data: bytes) -> RawChunk:
-    return common_pb2.WeightChunk.FromString(data), data
+    """The chunk's fields read from the wire bytes (its data stays a view: nothing is copied)."""
+    return parse_raw_chunk(data), data
 
 
 def _identity(data: bytes) -> bytes:

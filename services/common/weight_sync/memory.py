@@ -7,7 +7,11 @@ them to each explorer, which rebuilds the state dict (`chunks_to_state_dict`). C
 
 Copies: encoding makes the safetensors payload once and each chunk's `bytes` once (protobuf needs
 `bytes`); decoding joins the chunks into one preallocated `bytearray` and views the tensors out of
-it (see `codec.py`). Every chunk carries `index`, `total`, `total_bytes` and the version, so the
+it (see `codec.py`). The wire forms (`encode_raw_chunks` / `raw_chunks_to_state_dict`, used by
+`SyncClient` with pass-through (de)serializers) skip the message objects: a chunk is serialized
+straight from a view of the payload (its small header once, the data appended as field 4), and a
+received chunk's data is copied from the wire bytes into the joined buffer without being parsed
+into a message first. Every chunk carries `index`, `total`, `total_bytes` and the version, so the
 receiver detects a missing, repeated, reordered or mixed-version chunk and raises
 `MissingChunkError` naming it.
 """
@@ -15,11 +19,12 @@ receiver detects a missing, repeated, reordered or mixed-version chunk and raise
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
+from typing import NamedTuple
 
 import torch
 from rft.v1 import common_pb2
 
-from services.common.weight_sync.codec import decode_state_dict, encode_state_dict
+from services.common.weight_sync.codec import decode_state_dict, encode_state_dict_buffer
 from services.common.weight_sync.errors import MissingChunkError
 
 DEFAULT_CHUNK_BYTES = 1 << 20
@@ -111,7 +116,8 @@ def state_dict_to_chunks(
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
 ) -> list[common_pb2.WeightChunk]:
     """Encode a state dict (any device, tied weights allowed) into the chunks of one version."""
-    return list(split_chunks(encode_state_dict(state_dict), version, step=step, chunk_bytes=chunk_bytes))
+    payload = encode_state_dict_buffer(state_dict)
+    return list(split_chunks(payload, version, step=step, chunk_bytes=chunk_bytes))
 
 
 def chunks_to_state_dict(
@@ -119,5 +125,114 @@ def chunks_to_state_dict(
 ) -> tuple[common_pb2.ModelVersion, dict[str, torch.Tensor]]:
     """The version and the state dict carried by a complete chunk stream."""
     version, payload = join_chunks(chunks)
+    state_dict, _ = decode_state_dict(payload, device)
+    return version, state_dict
+
+
+# ---- wire forms: serialized `WeightChunk`s without message objects ----------------------------------
+_DATA_TAG = bytes([4 << 3 | 2])  # field 4 (data), length-delimited
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _read_varint(buf: memoryview, pos: int) -> tuple[int, int]:
+    shift = result = 0
+    while True:
+        if pos >= len(buf):
+            raise MissingChunkError("truncated WeightChunk (varint runs past the end)")
+        b = buf[pos]
+        result |= (b & 0x7F) << shift
+        pos += 1
+        if not b & 0x80:
+            return result, pos
+        shift += 7
+
+
+class _WireChunk(NamedTuple):
+    version: common_pb2.ModelVersion
+    index: int
+    total: int
+    total_bytes: int
+    data: memoryview
+
+
+def encode_raw_chunks(
+    state_dict: Mapping[str, torch.Tensor],
+    version: int | common_pb2.ModelVersion,
+    *,
+    step: int | None = None,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> list[bytes]:
+    """`state_dict_to_chunks`, serialized: each item is the wire bytes of one `WeightChunk`."""
+    if chunk_bytes <= 0:
+        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+    mv = memoryview(encode_state_dict_buffer(state_dict))
+    total_bytes = len(mv)
+    total = max(1, -(-total_bytes // chunk_bytes))
+    mver = _model_version(version, step)
+    out = []
+    for i in range(total):
+        piece = mv[i * chunk_bytes : (i + 1) * chunk_bytes]
+        head = common_pb2.WeightChunk(version=mver, index=i, total=total, total_bytes=total_bytes)
+        out.append(b"".join((head.SerializeToString(), _DATA_TAG, _varint(len(piece)), piece)))
+    return out
+
+
+def parse_raw_chunk(raw: bytes | memoryview) -> _WireChunk:
+    """The fields of one serialized `WeightChunk`; `data` is a view into `raw` (no copy)."""
+    buf = memoryview(raw)
+    pos, index, total, total_bytes = 0, 0, 0, 0
+    version = common_pb2.ModelVersion()
+    data = buf[0:0]
+    while pos < len(buf):
+        key, pos = _read_varint(buf, pos)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _read_varint(buf, pos)
+            if field == 2:
+                index = value
+            elif field == 3:
+                total = value
+            elif field == 5:
+                total_bytes = value
+        elif wire == 2:
+            n, pos = _read_varint(buf, pos)
+            if pos + n > len(buf):
+                raise MissingChunkError("truncated WeightChunk (a field runs past the end)")
+            if field == 4:
+                data = buf[pos : pos + n]
+            elif field == 1:
+                version = common_pb2.ModelVersion.FromString(bytes(buf[pos : pos + n]))
+            pos += n
+        elif wire == 1:
+            pos += 8
+        elif wire == 5:
+            pos += 4
+        else:
+            raise MissingChunkError(f"WeightChunk field {field} has unsupported wire type {wire}")
+    return _WireChunk(version, _signed32(index), _signed32(total), _signed64(total_bytes), data)
+
+
+def _signed32(v: int) -> int:
+    v &= (1 << 32) - 1
+    return v - (1 << 32) if v >= 1 << 31 else v
+
+
+def _signed64(v: int) -> int:
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def raw_chunks_to_state_dict(
+    raws: Iterable[bytes], device: str | torch.device = "cpu"
+) -> tuple[common_pb2.ModelVersion, dict[str, torch.Tensor]]:
+    """`chunks_to_state_dict` for serialized chunks: same checks, data copied once into the payload."""
+    version, payload = join_chunks(parse_raw_chunk(r) for r in raws)  # type: ignore[arg-type]
     state_dict, _ = decode_state_dict(payload, device)
     return version, state_dict
