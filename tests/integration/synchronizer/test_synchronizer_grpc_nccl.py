@@ -64,15 +64,16 @@ async def test_synchronizer_nccl_rendezvous_and_gloo_broadcast(workers, sync_ser
 
 async def test_synchronizer_nccl_member_dies_mid_broadcast_new_generation(sync_server, sync_clients):
     """Receiver e2 is killed while the trainer broadcasts: the send fails within sync_timeout, the
-    trainer reports it, a new generation is made, and e2's silence marks it LOST."""
+    trainer reports it, a new generation is made, and e2's silence (heartbeats stop with it) marks it LOST."""
     pool = [Worker() for _ in range(3)]
     try:
-        core, address = await sync_server(method="nccl", sync_timeout=3, heartbeat_timeout=1.0)
+        core, address = await sync_server(method="nccl", sync_timeout=3, heartbeat_timeout=3.0)
         trainer = await sync_clients(address, "trainer", "trainer")
         e1 = await sync_clients(address, "e1", "explorer")
         e2 = await sync_clients(address, "e2", "explorer")
         await trainer.start(interval_s=0.2)
         await e1.start(interval_s=0.2)
+        await e2.start(interval_s=0.2)  # alive until it is killed below
         info, _ = await trainer.get_weight_sync_info(specs_of(make_state_dict(3)))
         for worker, rank in zip(pool, (0, 1, 2), strict=True):
             worker.call("join", info, rank)
@@ -87,6 +88,7 @@ async def test_synchronizer_nccl_member_dies_mid_broadcast_new_generation(sync_s
         pool[0].call("send", 1, 3)
         assert await _in_thread(pool[2].value) == "partial"
         pool[2].kill()
+        await e2.stop(status=0)  # the killed explorer falls silent
         sent = await _in_thread(pool[0].result, 20)
         assert sent[0] == "err" and sent[1] in ("GroupBrokenError", "WeightSyncError")
         await trainer.report_sync(1, False, decision.generation, sent[2])
