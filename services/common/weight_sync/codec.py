@@ -9,7 +9,8 @@ Two things plain `safetensors.torch.save` does not do for us:
   which copies every tensor once more. The header is validated (dtypes, shapes, offsets in bounds).
 - Speed. `encode_state_dict_buffer` writes the same format itself: the header, then every tensor
   copied once (a torch memcpy) into one preallocated `bytearray` - `safetensors.torch.save` goes
-  through an intermediate copy per tensor and a final `bytes`. Tensors are laid out by element size
+  through an intermediate copy per tensor and a final `bytes`. `encode_state_dict_segments` gives the
+  same bytes as views of the tensors themselves, for writers that copy anyway (gRPC chunks). Tensors are laid out by element size
   (largest first), so every tensor starts aligned to its dtype.
 Nothing is ever unpickled.
 """
@@ -90,10 +91,10 @@ def encode_state_dict(
 _ST_NAMES = {dtype: name for name, dtype in _ST_DTYPES.items()}
 
 
-def encode_state_dict_buffer(
-    state_dict: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None
-) -> bytearray:
-    """Safetensors bytes of `state_dict` in one buffer, each tensor copied into it exactly once."""
+def _layout(
+    state_dict: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None
+) -> tuple[bytes, list[torch.Tensor]]:
+    """The safetensors prefix (8-byte length + JSON header) and the tensors in payload order."""
     unique, aliases = split_aliases(state_dict)
     order = sorted(unique, key=lambda n: (-unique[n].element_size(), n))
     header: dict[str, object] = {}
@@ -114,20 +115,40 @@ def encode_state_dict_buffer(
         offset += n
     head = json.dumps(header, separators=(",", ":")).encode()
     head += b" " * (-len(head) % 8)
-    start = 8 + len(head)
-    buf = bytearray(start + offset)
-    buf[:8] = struct.pack("<Q", len(head))
-    buf[8:start] = head
-    if offset:
+    return struct.pack("<Q", len(head)) + head, [unique[name] for name in order]
+
+
+def encode_state_dict_buffer(
+    state_dict: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None
+) -> bytearray:
+    """Safetensors bytes of `state_dict` in one buffer, each tensor copied into it exactly once."""
+    prefix, tensors = _layout(state_dict, metadata)
+    start = len(prefix)
+    buf = bytearray(start + sum(t.numel() * t.element_size() for t in tensors))
+    buf[:start] = prefix
+    if len(buf) > start:
         flat = torch.frombuffer(buf, dtype=torch.uint8)
         pos = start
-        for name in order:
-            t = unique[name]
+        for t in tensors:
             n = t.numel() * t.element_size()
             if n:
                 flat[pos : pos + n].copy_(t.reshape(-1).view(torch.uint8))
             pos += n
     return buf
+
+
+def encode_state_dict_segments(
+    state_dict: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None
+) -> list[memoryview]:
+    """The same safetensors bytes as `encode_state_dict_buffer`, as zero-copy views: the header, then
+    each CPU tensor's own memory. Joining them (e.g. into wire chunks) is then the only copy."""
+    prefix, tensors = _layout(state_dict, metadata)
+    segments = [memoryview(prefix)]
+    for t in tensors:
+        if t.numel():
+            flat = t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+            segments.append(memoryview(flat.numpy()))
+    return segments
 
 
 def read_header(payload: bytes | bytearray | memoryview) -> tuple[dict, int]:

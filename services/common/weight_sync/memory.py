@@ -24,7 +24,11 @@ from typing import NamedTuple
 import torch
 from rft.v1 import common_pb2
 
-from services.common.weight_sync.codec import decode_state_dict, encode_state_dict_buffer
+from services.common.weight_sync.codec import (
+    decode_state_dict,
+    encode_state_dict_buffer,
+    encode_state_dict_segments,
+)
 from services.common.weight_sync.errors import MissingChunkError
 
 DEFAULT_CHUNK_BYTES = 1 << 20
@@ -173,15 +177,24 @@ def encode_raw_chunks(
     """`state_dict_to_chunks`, serialized: each item is the wire bytes of one `WeightChunk`."""
     if chunk_bytes <= 0:
         raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
-    mv = memoryview(encode_state_dict_buffer(state_dict))
-    total_bytes = len(mv)
+    segments = encode_state_dict_segments(state_dict)
+    total_bytes = sum(len(s) for s in segments)
     total = max(1, -(-total_bytes // chunk_bytes))
     mver = _model_version(version, step)
     out = []
+    seg, pos = 0, 0  # next unread byte: segments[seg][pos:]
     for i in range(total):
-        piece = mv[i * chunk_bytes : (i + 1) * chunk_bytes]
+        want = min(chunk_bytes, total_bytes - i * chunk_bytes)
         head = common_pb2.WeightChunk(version=mver, index=i, total=total, total_bytes=total_bytes)
-        out.append(b"".join((head.SerializeToString(), _DATA_TAG, _varint(len(piece)), piece)))
+        parts = [head.SerializeToString(), _DATA_TAG, _varint(want)]
+        while want:
+            take = min(want, len(segments[seg]) - pos)
+            parts.append(segments[seg][pos : pos + take])
+            want -= take
+            pos += take
+            if pos == len(segments[seg]):
+                seg, pos = seg + 1, 0
+        out.append(b"".join(parts))  # the one copy of every tensor byte
     return out
 
 

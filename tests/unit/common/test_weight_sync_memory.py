@@ -72,3 +72,20 @@ def test_corrupt_payload_raises_codec_error():
         decode_state_dict(payload[:20])
     with pytest.raises(CodecError):
         decode_state_dict(bytearray(b"\x05\x00\x00\x00\x00\x00\x00\x00{bad}"))
+
+
+@pytest.mark.parametrize("chunk_bytes", [7, 64, 1000, 1 << 20])
+def test_raw_chunks_are_the_proto_chunks_and_round_trip(chunk_bytes):
+    from services.common.weight_sync.codec import encode_state_dict_buffer, encode_state_dict_segments
+    from services.common.weight_sync.memory import encode_raw_chunks, raw_chunks_to_state_dict
+
+    sd = _sd()
+    segments = encode_state_dict_segments(sd)
+    assert b"".join(segments) == bytes(encode_state_dict_buffer(sd))
+    raws = encode_raw_chunks(sd, 3, step=30, chunk_bytes=chunk_bytes)
+    protos = state_dict_to_chunks(sd, 3, step=30, chunk_bytes=chunk_bytes)
+    assert [common_pb2.WeightChunk.FromString(r) for r in raws] == protos  # same fields, any order
+    version, got = raw_chunks_to_state_dict(raws)
+    assert (version.version, version.step) == (3, 30)
+    for name, t in sd.items():
+        assert got[name].dtype == t.dtype and _bits(got[name]) == _bits(t)
