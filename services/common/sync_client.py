@@ -167,6 +167,16 @@ class SyncClient:
             with contextlib.suppress(grpc.aio.AioRpcError):
                 await self.heartbeat(status)
 
+    async def leave(self, ok: bool) -> bool:
+        """End this member's part in the run: stop heartbeats and report STOPPED (ok) or FAILED.
+        Returns False when the synchronizer could not be told (the caller's exit code still says it)."""
+        status = Status.MEMBER_STATUS_STOPPED if ok else Status.MEMBER_STATUS_FAILED
+        try:
+            await self.stop(status)
+        except Exception:  # noqa: BLE001 - a member that is leaving must not fail on the way out
+            return False
+        return True
+
     async def close(self) -> None:
         await self.stop(status=0)
         if self.owns_channel:

@@ -22,8 +22,6 @@ import asyncio
 import os
 from collections.abc import Awaitable, Callable, Sequence
 
-from rft.v1 import common_pb2
-
 from services.common.app import stop_service
 from services.common.buffer_client import BufferClient
 from services.common.config import RFTConfig, resolve
@@ -157,12 +155,8 @@ async def _auto_run(core: ExplorerCore, client: SyncClient | None) -> None:
         code = 1
         core.status = "FAILED"
         log.exception("explorer failed", step=core.step, error=f"{type(exc).__name__}: {exc}")
-    if client is not None:
-        status = common_pb2.MEMBER_STATUS_STOPPED if code == 0 else common_pb2.MEMBER_STATUS_FAILED
-        try:
-            await client.stop(status)
-        except Exception:  # noqa: BLE001 - the exit code already says what happened
-            log.warning("could not report the end to the synchronizer")
+    if client is not None and not await client.leave(ok=code == 0):
+        log.warning("could not report the end to the synchronizer")
     stop_service(code)
 
 

@@ -203,12 +203,8 @@ async def _drive(core: TrainerCore, client: SyncClient | None) -> None:
     except Exception as exc:
         code = 1
         log.exception("trainer failed", step=core.global_step, error=f"{type(exc).__name__}: {exc}")
-    if client is not None:
-        status = common_pb2.MEMBER_STATUS_STOPPED if code == 0 else common_pb2.MEMBER_STATUS_FAILED
-        try:
-            await client.stop(status)
-        except Exception:  # noqa: BLE001 - the exit code already says what happened
-            log.warning("could not report the end of the run to the synchronizer")
+    if client is not None and not await client.leave(ok=code == 0):
+        log.warning("could not report the end of the run to the synchronizer")
     stop_service(code)
 
 
