@@ -183,10 +183,14 @@ class TrainerCore:
             finally:
                 if self.state is TrainerState.TRAINING:
                     self.state = TrainerState.READY
-        metrics |= dict(await self.sync_hook.after_step(self.global_step))
-        self.last_metrics = metrics
-        if self.monitor is not None:
-            self.monitor.log(metrics, self.global_step)
+        sync_metrics: dict[str, float] = {}
+        try:
+            sync_metrics = dict(await self.sync_hook.after_step(self.global_step))
+        finally:  # the step is committed: its metrics line is written even if the sync is cut short
+            metrics |= sync_metrics
+            self.last_metrics = metrics
+            if self.monitor is not None:
+                self.monitor.log(metrics, self.global_step)
         return StepResult(self.global_step, metrics, not self.finished)
 
     async def _step_locked(self, timeout_ms: int) -> dict[str, float]:
