@@ -76,7 +76,13 @@ def test_sync_nccl_member_dies_mid_sync_then_rejoins(run: RunHarness):
     run.wait_event(
         lambda e: e["kind"] == "register" and e["member_id"] == "trainer", 180, "trainer registered"
     )
-    e0, e1 = run.start_explorer(0), run.start_explorer(1)
+    # explorer-1 must be the one that blocks on weights below: start it first, explorer-0 once it is in
+    # (started together, a slow start-up of explorer-1 let explorer-0 run ahead and explorer-1 never wait)
+    e1 = run.start_explorer(1)
+    run.wait_event(
+        lambda e: e["kind"] == "register" and e["member_id"] == "explorer-1", 180, "explorer-1 registered"
+    )
+    e0 = run.start_explorer(0)
     first = run.wait_event(lambda e: e["kind"] == "publish", 120, "a first broadcast")["version"]
 
     # explorer-1 blocks for a version not yet published: freeze it there, so the synchronizer tells
