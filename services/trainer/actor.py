@@ -32,6 +32,7 @@ from services.trainer.algorithms import (
     get_policy_loss_fn,
     logprobs_and_entropy,
     logprobs_from_logits,
+    rollout_probs_diff,
 )
 from services.trainer.collate import StepBatch, pack
 from services.trainer.distributed import DistInfo
@@ -134,7 +135,8 @@ class Actor:
         when a KL loss is used); returns the averaged `actor/*` metrics."""
         assert self.optimizer is not None, "a reference actor has no optimizer"
         batch = step.batch
-        batch.require("old_log_probs")
+        if self.settings.recompute_old_log_probs:
+            batch.require("old_log_probs")
         if self.kl_coef:
             batch.require("ref_log_probs")
         self.module.train()
@@ -143,21 +145,32 @@ class Actor:
         params = [p for group in self.optimizer.param_groups for p in group["params"]]
         mini = self.settings.mini_batch_size
         sums = torch.zeros(6, dtype=torch.float64)  # pg_loss, clipfrac, ppo_kl, entropy, kl_loss, clip_lower
+        diff = torch.zeros(3, dtype=torch.float64)  # sum |p_rollout - p_old|, tokens, max
         norms: list[float] = []
         skipped = 0
         for _ in range(self.settings.ppo_epochs):
             for start in range(0, step.size, mini):
                 mini_batch = step.rows(range(start, min(start + mini, step.size)))
-                metrics, grad_norm = self._mini_batch_step(mini_batch, params)
+                metrics, grad_norm = self._mini_batch_step(mini_batch, params, diff)
                 sums += metrics
                 norms.append(grad_norm)
                 skipped += 0 if math.isfinite(grad_norm) else 1
         if self.info.world_size > 1:
             dist.all_reduce(sums)
+            dist.all_reduce(diff[:2])
+            dist.all_reduce(diff[2:], op=dist.ReduceOp.MAX)
         n_updates = max(1, len(norms))
         avg = (sums / n_updates).tolist()
         finite = [n for n in norms if math.isfinite(n)]
-        return {
+        rollout = (
+            {
+                "training/rollout_probs_diff_mean": float(diff[0] / diff[1]),
+                "training/rollout_probs_diff_max": float(diff[2]),
+            }
+            if diff[1] > 0
+            else {}
+        )
+        return rollout | {
             "actor/pg_loss": avg[0],
             "actor/pg_clipfrac": avg[1],
             "actor/ppo_kl": avg[2],
@@ -170,8 +183,12 @@ class Actor:
             "actor/lr": float(self.optimizer.param_groups[0]["lr"]),
         }
 
-    def _mini_batch_step(self, mini: StepBatch, params: list[nn.Parameter]) -> tuple[torch.Tensor, float]:
+    def _mini_batch_step(
+        self, mini: StepBatch, params: list[nn.Parameter], diff: torch.Tensor
+    ) -> tuple[torch.Tensor, float]:
         """Accumulate the micro-batch gradients of one mini-batch, clip, step.
+
+        `diff` accumulates the rollout-vs-old probability differences ``[sum, count, max]`` in place.
 
         Returns the six summed metrics (see `update_policy`) and the grad norm.  The loss metrics
         stay tensors on the device until the end of the mini-batch (one transfer, not one sync per
@@ -198,8 +215,14 @@ class Actor:
                 entropy_grad=self.entropy_coef != 0.0,
             )
             assert entropy is not None
+            # one update per batch: the policy before this step is the old policy (settings)
+            old = b.old_log_probs.to(dev) if b.old_log_probs is not None else log_prob.detach()
+            if b.rollout_log_probs is not None:
+                part = rollout_probs_diff(b.rollout_log_probs.to(dev), old, mask)
+                diff[:2] += part[:2]
+                diff[2] = max(diff[2], part[2])
             pg_loss, pg_metrics = self.loss_fn(
-                b.old_log_probs.to(dev),
+                old,
                 log_prob,
                 b.advantages.to(dev) if b.advantages is not None else None,
                 mask,

@@ -78,7 +78,8 @@ def collate(experiences: Sequence[Experience], pad_token_id: int = 0) -> StepBat
 
     response_mask = action_mask (all ones when absent); token_level_scores = the experience's
     token_level_rewards when given, else its scalar reward at the last masked response token;
-    uid = the GRPO group id; advantages/returns are carried over when the explorer set them.
+    uid = the GRPO group id; advantages/returns are carried over when the explorer set them, and the
+    rollout's log-probs (as rollout_log_probs) when every experience has them.
     """
     if not experiences:
         raise ValueError("cannot collate an empty batch")
@@ -93,8 +94,8 @@ def collate(experiences: Sequence[Experience], pad_token_id: int = 0) -> StepBat
     mask = torch.zeros(bs, r_max)
     prompt_mask = torch.zeros(bs, p_max)
     scores = torch.zeros(bs, r_max)
-    carried = {"advantages": torch.zeros(bs, r_max), "returns": torch.zeros(bs, r_max)}
-    has = {"advantages": True, "returns": True}
+    carried = {name: torch.zeros(bs, r_max) for name in ("advantages", "returns", "logprobs")}
+    has = dict.fromkeys(carried, True)
     for i, exp in enumerate(experiences):
         r = resp_lens[i]
         responses[i, :r] = exp.response_tokens
@@ -120,6 +121,7 @@ def collate(experiences: Sequence[Experience], pad_token_id: int = 0) -> StepBat
         token_level_rewards=scores,
         advantages=carried["advantages"] if has["advantages"] else None,
         returns=carried["returns"] if has["returns"] else None,
+        rollout_log_probs=carried["logprobs"] if has["logprobs"] else None,
         uid=[e.eid.group_id or e.eid.uid for e in experiences],
     )
     return StepBatch(

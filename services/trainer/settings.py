@@ -131,6 +131,18 @@ class TrainerSettings:
     def use_critic(self) -> bool:
         return self.preset.use_critic
 
+    @property
+    def recompute_old_log_probs(self) -> bool:
+        """Whether a step starts with a no-grad pass for the old log-probs.
+
+        Not needed when the batch gets exactly one optimizer step (one epoch, one mini-batch) and no
+        reward KL reads them: the old policy then *is* the current one before its step, so the update's
+        own forward pass gives them (detached), as TRL does with `num_iterations=1`; the ratio is 1
+        and the gradient is the same.  This saves one forward pass over the batch per step.
+        """
+        one_update = self.ppo_epochs == 1 and self.mini_batch_size >= self.train_batch_size
+        return not one_update or self.preset.use_kl_in_reward
+
     @classmethod
     def from_config(cls, config: RFTConfig) -> TrainerSettings:
         res = resolve(config)

@@ -3,7 +3,8 @@
 Each public method is one collective unit of work: rank 0 calls it directly, the other ranks run
 the same method when rank 0's `CommandChannel` broadcasts it.  One train step is
 
-    old log-probs -> reference log-probs (only with a KL term) -> critic values (PPO)
+    old log-probs (only when a batch gets several updates or a reward KL; see
+    `TrainerSettings.recompute_old_log_probs`) -> reference log-probs (only with a KL term) -> critic values (PPO)
     -> reward shaping + advantages (by name) -> critic update -> actor update -> LR schedulers
 
 followed by `compute_data_metrics` and timing / throughput metrics.
@@ -89,9 +90,10 @@ class FSDPWorker:
         s = self.settings
         timings: dict[str, float] = {}
         start = time.perf_counter()
-        with _timer(timings, "old_log_prob"):
-            old = self.actor.compute_log_prob(step)
-        batch = step.batch.replace(old_log_probs=old)
+        batch = step.batch
+        if s.recompute_old_log_probs:
+            with _timer(timings, "old_log_prob"):
+                batch = batch.replace(old_log_probs=self.actor.compute_log_prob(step))
         if self.ref is not None:
             with _timer(timings, "ref"):
                 batch = batch.replace(ref_log_probs=self.ref.compute_log_prob(step))

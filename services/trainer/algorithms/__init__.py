@@ -45,7 +45,7 @@ from .kl import (
     kl_penalty_forward,
 )
 from .masked import masked_mean, masked_sum, masked_var, masked_whiten
-from .metrics import compute_data_metrics
+from .metrics import compute_data_metrics, rollout_probs_diff
 from .params import FrozenParams
 from .policy_loss_offline import DPOConfig, SFTConfig, compute_dpo_loss, compute_sft_loss
 from .policy_loss_ppo import PPOClipConfig, compute_policy_loss, compute_policy_loss_vanilla
@@ -111,6 +111,7 @@ __all__ = [
     "apply_kl_penalty",
     "compute_advantage",
     "compute_data_metrics",
+    "rollout_probs_diff",
     "compute_dpo_loss",
     "compute_entropy_from_logits",
     "compute_gae_advantage_return",

@@ -25,6 +25,7 @@ _PER_TOKEN = (
     "values",
     "old_log_probs",
     "ref_log_probs",
+    "rollout_log_probs",
     "rm_scores",
 )
 _PER_SAMPLE = ("uid", "data_sources", "ground_truths", "extra_infos")
@@ -46,6 +47,8 @@ class TrainBatch:
     - ``values``: critic values of the rollout policy (PPO).
     - ``old_log_probs``, ``ref_log_probs``: log-probs of the response tokens under the policy that
       sampled them (recomputed by the trainer) and under the reference model.
+    - ``rollout_log_probs``: the log-probs the rollout engine reported when it sampled (a check on
+      the recomputation: ``training/rollout_probs_diff_*``).
     - ``rm_scores``: precomputed reward-model scores; reward managers return them as they are.
     - ``reward_baselines``: ``(bs,)`` greedy-rollout rewards for ReMax.
     - ``uid``: ``bs`` group ids (str or int); samples of one prompt share a uid (a GRPO group).
@@ -62,6 +65,7 @@ class TrainBatch:
     values: torch.Tensor | None = None
     old_log_probs: torch.Tensor | None = None
     ref_log_probs: torch.Tensor | None = None
+    rollout_log_probs: torch.Tensor | None = None
     rm_scores: torch.Tensor | None = None
     reward_baselines: torch.Tensor | None = None
     uid: Sequence[str | int] | None = None

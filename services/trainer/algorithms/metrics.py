@@ -11,7 +11,7 @@ import torch
 
 from .batch import TrainBatch
 
-__all__ = ["compute_data_metrics"]
+__all__ = ["compute_data_metrics", "rollout_probs_diff"]
 
 
 def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
@@ -77,3 +77,18 @@ def compute_data_metrics(batch: TrainBatch, use_critic: bool = True) -> dict[str
     metrics |= _stats("prompt_length", prompt_length)
     metrics["prompt_length/clip_ratio"] = ratio(prompt_length == prompt_mask.shape[-1])
     return metrics
+
+
+def rollout_probs_diff(
+    rollout_log_probs: torch.Tensor, old_log_probs: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """``[sum, count, max]`` (float64, CPU) of |p_rollout - p_old| over the masked response tokens, the
+    parts of veRL's ``training/rollout_probs_diff_{mean,max}``: p_rollout is the probability the rollout
+    engine reported for the sampled token, p_old the trainer's.  Near 0 when the explorer samples from
+    the weights being trained (up to kernel differences); large values mean the two models differ
+    (a stale or broken weight sync)."""
+    keep = mask.bool()
+    diff = (rollout_log_probs.detach().float().exp() - old_log_probs.detach().float().exp()).abs()[keep]
+    if diff.numel() == 0:
+        return torch.zeros(3, dtype=torch.float64)
+    return torch.stack([diff.sum(), torch.tensor(float(diff.numel())), diff.max()]).double().cpu()

@@ -169,3 +169,55 @@ def test_one_rank_fsdp2_step_equals_plain_module_step(model_dir, tmp_path):
         assert m_sharded[key] == pytest.approx(m_plain[key], rel=1e-5, abs=1e-7), key
     w_plain, w_sharded = dict(plain.iter_state_dict()), dict(sharded.iter_state_dict())
     assert w_plain.keys() == w_sharded.keys()
+
+
+def test_one_update_per_batch_takes_old_log_probs_from_the_update_pass(model_dir, tmp_path):
+    """One epoch, one mini-batch, no reward KL: no separate old-log-prob pass, and the gradient is the
+    one a recomputed old policy gives (ratio 1 either way)."""
+    exps = make_experiences(8, group_size=4, seed=8)
+    derived = make_engine(model_dir, tmp_path / "d")
+    recomputed = make_engine(model_dir, tmp_path / "r")
+    assert not derived.worker.settings.recompute_old_log_probs
+    step = collate(exps)
+    old = recomputed.worker.actor.compute_log_prob(step)
+    m_derived = derived.train_step(step)
+    m_recomputed = recomputed.train_step(step.with_batch(step.batch.replace(old_log_probs=old)))
+    assert "timing_s/old_log_prob" not in m_derived
+    g_derived, g_recomputed = grads(derived), grads(recomputed)
+    for name in g_derived:
+        torch.testing.assert_close(g_derived[name], g_recomputed[name], atol=1e-6, rtol=0)
+    assert m_derived["actor/ppo_kl"] == 0.0 and m_derived["actor/pg_clipfrac"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("sections", "recompute"),
+    [
+        ({"algorithm": {"ppo_epochs": 2}}, True),
+        ({"algorithm": {"kl_penalty_fn": "kl", "kl_loss_fn": "none"}}, True),
+        ({}, False),
+    ],
+)
+def test_old_log_prob_pass_runs_when_a_batch_gets_several_updates(model_dir, tmp_path, sections, recompute):
+    engine = make_engine(model_dir, tmp_path, **sections)
+    assert engine.worker.settings.recompute_old_log_probs is recompute
+    metrics = engine.train_step(collate(make_experiences(8, seed=9)))
+    assert ("timing_s/old_log_prob" in metrics) is recompute
+
+
+def test_rollout_probs_diff_compares_the_rollout_with_the_trainer(model_dir, tmp_path):
+    engine = make_engine(model_dir, tmp_path)
+    exps = make_experiences(8, group_size=4, seed=10)
+    step = collate(exps)
+    true_lp = engine.worker.actor.compute_log_prob(step)
+    for i, e in enumerate(exps):
+        e.logprobs = true_lp[i, : e.response_length].clone()
+    same = engine.train_step(collate(exps))
+    assert same["training/rollout_probs_diff_max"] < 1e-5
+
+    engine = make_engine(model_dir, tmp_path / "b")
+    for e in exps:  # a rollout model that is sure of every token it sampled
+        e.logprobs = torch.zeros(e.response_length)
+    stale = engine.train_step(collate(exps))
+    p = true_lp.exp()[step.batch.response_mask.bool()]
+    assert stale["training/rollout_probs_diff_mean"] == pytest.approx(float((1 - p).mean()), rel=1e-4)
+    assert stale["training/rollout_probs_diff_max"] == pytest.approx(float((1 - p).max()), rel=1e-4)
