@@ -34,7 +34,7 @@ from services.trainer.algorithms import (
     logprobs_from_logits,
     rollout_probs_diff,
 )
-from services.trainer.collate import StepBatch, pack
+from services.trainer.collate import ModelShape, StepBatch, model_inputs, pack
 from services.trainer.distributed import DistInfo
 from services.trainer.fsdp import clip_grad_norm, reshard_after_inference
 from services.trainer.rowwise import MicroBatching, local_micro_batches, map_rows
@@ -50,21 +50,27 @@ def policy_forward(
     device: torch.device,
     entropy: bool = False,
     entropy_grad: bool = False,
+    shape: ModelShape | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropy) of the response tokens of `micro`, ``(rows, response_length)``.
 
     The LM head runs only at the positions that predict response tokens; log-probs and entropy
     share one logsumexp (`logprobs_and_entropy`), and the entropy carries a gradient only with
-    `entropy_grad` (a non-zero entropy coefficient), otherwise it is a no-grad metric.
+    `entropy_grad` (a non-zero entropy coefficient), otherwise it is a no-grad metric.  With the
+    module's `shape` the rows are packed or padded, whichever is cheaper (`collate.model_inputs`);
+    without it they are packed.
     """
-    packed = pack(micro).to(device)
-    out = module(
-        input_ids=packed.input_ids,
-        position_ids=packed.position_ids,
-        logits_to_keep=packed.logit_positions,
-        use_cache=False,
-    )
-    logits = out.logits[0].float()  # (N, vocab)
+    packed = (pack(micro) if shape is None else model_inputs(micro, shape)).to(device)
+    if packed.packed:
+        out = module(
+            input_ids=packed.input_ids,
+            position_ids=packed.position_ids,
+            logits_to_keep=packed.logit_positions,
+            use_cache=False,
+        )
+    else:
+        out = module(input_ids=packed.input_ids, attention_mask=packed.attention_mask, use_cache=False)
+    logits = packed.select_logits(out.logits).float()  # (N, vocab)
     if temperature != 1.0:
         logits = logits / temperature
     labels = packed.labels.to(device)
@@ -107,6 +113,7 @@ class Actor:
             else 0.0
         )
         self.kl_coef = float(preset.kl_loss_fn_args.get("kl_coef", 0.0)) if preset.use_kl_loss else 0.0
+        self.shape = ModelShape.of(module)
         self.batching = MicroBatching(
             settings.micro_batch_size,
             settings.max_tokens_per_micro_batch if settings.use_dynamic_bsz else None,
@@ -122,9 +129,9 @@ class Actor:
                 step,
                 self.info,
                 self.batching,
-                lambda micro: policy_forward(self.module, micro, self.settings.temperature, self.info.device)[
-                    0
-                ],
+                lambda micro: policy_forward(
+                    self.module, micro, self.settings.temperature, self.info.device, shape=self.shape
+                )[0],
             )
         finally:
             reshard_after_inference(self.module)
@@ -213,6 +220,7 @@ class Actor:
                 dev,
                 entropy=True,
                 entropy_grad=self.entropy_coef != 0.0,
+                shape=self.shape,
             )
             assert entropy is not None
             # one update per batch: the policy before this step is the old policy (settings)

@@ -2,10 +2,19 @@
 
 A `StepBatch` keeps each sequence unpadded (prompt + response token ids) next to the `TrainBatch`
 of response-aligned tensors ``(bs, response_length)`` that the algorithm functions read.  For a
-forward pass the rows of a micro-batch are *packed*: concatenated into one ``(1, T)`` row whose
-`position_ids` restart at 0 for every sequence.  transformers builds a block-diagonal causal mask
-from such position ids (no attention across sequences), so no compute is spent on padding, and
-`logits_to_keep` limits the LM head to the positions that predict response tokens.
+forward pass the rows of a micro-batch are either
+
+- *packed* (`pack`): concatenated into one ``(1, T)`` row whose `position_ids` restart at 0 for every
+  sequence.  transformers builds a block-diagonal causal mask from such position ids (no attention
+  across sequences), so no compute is spent on padding, and `logits_to_keep` limits the LM head to
+  the positions that predict response tokens; or
+- *padded* (`pad`): right-padded ``(bs, L)`` rows with an attention mask.
+
+With a varlen attention kernel (flash-attention, or `varlen_attention`, which the trainer uses
+otherwise) packing costs nothing extra.  With a dense kernel
+(sdpa, eager: the CPU case) the packed row's mask is ``T x T``, so attention work grows with the
+square of the whole micro-batch; for many short rows that costs more than the padding it saves.
+`model_inputs` estimates both layouts' FLOPs (`layout_flops`) and takes the cheaper one.
 """
 
 from __future__ import annotations
@@ -17,8 +26,19 @@ import torch
 
 from services.common.experience import Experience
 from services.trainer.algorithms import TrainBatch
+from services.trainer.varlen_attention import NAME as VARLEN_ATTENTION
 
-__all__ = ["Packed", "StepBatch", "collate", "pack", "select_rows"]
+__all__ = [
+    "ModelShape",
+    "Packed",
+    "StepBatch",
+    "collate",
+    "layout_flops",
+    "model_inputs",
+    "pack",
+    "pad",
+    "select_rows",
+]
 
 
 def select_rows(batch: TrainBatch, index: Sequence[int]) -> TrainBatch:
@@ -131,24 +151,41 @@ def collate(experiences: Sequence[Experience], pad_token_id: int = 0) -> StepBat
 
 @dataclasses.dataclass(frozen=True)
 class Packed:
-    """One packed micro-batch.
+    """One micro-batch as model inputs, packed (`pack`) or padded (`pad`).
 
-    input_ids, position_ids: ``(1, T)``; logit_positions, labels, rows, cols: ``(N,)`` — position
-    ``logit_positions[k]`` predicts `labels[k]`, which is response token ``cols[k]`` of row ``rows[k]``.
+    Packed: input_ids, position_ids ``(1, T)``, attention_mask None.  Padded: input_ids,
+    attention_mask ``(bs, L)``, position_ids None (0.. in every row).  logit_rows, logit_positions,
+    labels, rows, cols: ``(N,)`` — the logits at ``[logit_rows[k], logit_positions[k]]`` predict
+    `labels[k]`, which is response token ``cols[k]`` of row ``rows[k]`` (logit_rows is all 0 when packed).
     """
 
     input_ids: torch.Tensor
-    position_ids: torch.Tensor
+    position_ids: torch.Tensor | None
     logit_positions: torch.Tensor
     labels: torch.Tensor
     rows: torch.Tensor
     cols: torch.Tensor
     shape: tuple[int, int]  # (bs, response_length) of the padded outputs
+    attention_mask: torch.Tensor | None = None
+    logit_rows: torch.Tensor | None = None
+
+    @property
+    def packed(self) -> bool:
+        return self.attention_mask is None
 
     def to(self, device: torch.device) -> Packed:
+        moved = ("input_ids", "position_ids", "logit_positions", "attention_mask", "logit_rows")
         return dataclasses.replace(
-            self, **{f: getattr(self, f).to(device) for f in ("input_ids", "position_ids", "logit_positions")}
+            self, **{f: getattr(self, f).to(device) for f in moved if getattr(self, f) is not None}
         )
+
+    def select_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """``(N, vocab)`` logits of the response tokens from the model's output logits: ``(1, N, V)``
+        when packed (computed at `logit_positions` only), ``(bs, L, V)`` when padded."""
+        if self.packed:
+            return logits[0]
+        assert self.logit_rows is not None
+        return logits[self.logit_rows, self.logit_positions]
 
     def unpack(self, values: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
         """Scatter per-response-token `values` ``(N,)`` into a padded ``(bs, response_length)`` tensor."""
@@ -179,3 +216,76 @@ def pack(step: StepBatch) -> Packed:
         cols=torch.cat(cols),
         shape=(step.size, step.batch.response_length),
     )
+
+
+def pad(step: StepBatch, pad_token_id: int = 0) -> Packed:
+    """The rows of `step` right-padded to the longest (see the module docstring)."""
+    lengths = step.seq_lengths
+    width = max(lengths)
+    ids = torch.full((step.size, width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((step.size, width), dtype=torch.long)
+    logit_rows, logit_pos, labels, cols = [], [], [], []
+    for i, (tokens, p) in enumerate(zip(step.tokens, step.prompt_lengths, strict=True)):
+        n = int(tokens.numel())
+        ids[i, :n] = tokens
+        mask[i, :n] = 1
+        logit_rows.append(torch.full((n - p,), i, dtype=torch.long))
+        logit_pos.append(torch.arange(p - 1, n - 1))
+        labels.append(tokens[p:])
+        cols.append(torch.arange(n - p))
+    rows = torch.cat(logit_rows)
+    return Packed(
+        input_ids=ids,
+        position_ids=None,
+        logit_positions=torch.cat(logit_pos),
+        labels=torch.cat(labels),
+        rows=rows,
+        cols=torch.cat(cols),
+        shape=(step.size, step.batch.response_length),
+        attention_mask=mask,
+        logit_rows=rows,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelShape:
+    """What the layout estimate needs to know of a decoder: FLOPs per token of its linear layers,
+    per attended (query, key) pair, and per LM-head position; whether its attention is varlen."""
+
+    token_flops: float
+    pair_flops: float
+    head_flops: float
+    varlen_attention: bool
+
+    @classmethod
+    def of(cls, module: torch.nn.Module) -> ModelShape:
+        config = getattr(module, "config", None)
+        h = int(getattr(config, "hidden_size", 0) or 0)
+        layers = int(getattr(config, "num_hidden_layers", 0) or 0)
+        vocab = int(getattr(config, "vocab_size", 0) or 0)
+        attn = str(getattr(config, "_attn_implementation", "") or "")
+        params = sum(p.numel() for p in module.parameters())
+        linear = max(params - 2 * vocab * h, params // 2)  # without the embedding and LM head
+        return cls(
+            token_flops=2.0 * linear,
+            pair_flops=4.0 * h * layers,
+            head_flops=2.0 * h * vocab,
+            varlen_attention=attn.startswith("flash") or attn == VARLEN_ATTENTION,
+        )
+
+
+def layout_flops(step: StepBatch, shape: ModelShape) -> tuple[float, float]:
+    """Estimated forward FLOPs of (packed, padded) for the rows of `step`."""
+    lengths = step.seq_lengths
+    total, width, bs = sum(lengths), max(lengths), step.size
+    response = sum(step.response_lengths)
+    pairs_packed = sum(n * n for n in lengths) if shape.varlen_attention else total * total
+    packed = total * shape.token_flops + pairs_packed * shape.pair_flops + response * shape.head_flops
+    padded = bs * width * (shape.token_flops + shape.head_flops) + bs * width * width * shape.pair_flops
+    return packed, padded
+
+
+def model_inputs(step: StepBatch, shape: ModelShape, pad_token_id: int = 0) -> Packed:
+    """The cheaper layout of `step` for a model of `shape` (ties go to packing)."""
+    packed, padded = layout_flops(step, shape)
+    return pad(step, pad_token_id) if padded < packed else pack(step)

@@ -26,6 +26,7 @@ import torch
 from safetensors.torch import save_file
 
 from services.common.modeling import load_model, load_tokenizer
+from services.trainer import varlen_attention
 from services.trainer.actor import Actor
 from services.trainer.advantage_stage import make_kl_controller, shape_rewards_and_advantages
 from services.trainer.algorithms import compute_data_metrics
@@ -57,6 +58,7 @@ class FSDPWorker:
         torch.manual_seed(settings.seed)
         dtype = "float32"  # master weights; bf16 compute on CUDA comes from the FSDP2 policy
         policy = load_model(settings.model_path, dtype=dtype)
+        varlen_attention.enable(policy)  # packed rows without a T x T mask (see the module)
         self.hf_config = policy.config
         self.generation_config = getattr(policy, "generation_config", None)
         self.tokenizer = load_tokenizer(settings.model_path)
@@ -68,6 +70,7 @@ class FSDPWorker:
         self.ref: Actor | None = None
         if settings.use_reference:
             ref = load_model(settings.model_path, dtype=dtype).to(info.device)
+            varlen_attention.enable(ref)
             ref.requires_grad_(False)
             self.ref = Actor(shard_model(ref.eval(), info, fsdp=self.fsdp), None, settings, info)
         self.critic: Critic | None = None

@@ -187,6 +187,7 @@ def test_one_update_per_batch_takes_old_log_probs_from_the_update_pass(model_dir
     for name in g_derived:
         torch.testing.assert_close(g_derived[name], g_recomputed[name], atol=1e-6, rtol=0)
     assert m_derived["actor/ppo_kl"] == 0.0 and m_derived["actor/pg_clipfrac"] == 0.0
+    assert m_derived["actor/pg_loss"] == pytest.approx(m_recomputed["actor/pg_loss"], abs=1e-6)
 
 
 @pytest.mark.parametrize(
