@@ -19,9 +19,18 @@ __all__ = ["build_optimizer", "build_scheduler", "lr_factor"]
 
 
 def build_optimizer(model: nn.Module, s: OptimSettings) -> torch.optim.Optimizer:
-    """AdamW over the trainable parameters (fused/foreach picked by torch)."""
+    """AdamW over the trainable parameters.
+
+    Plain (unsharded) float parameters use the fused kernel: one pass over all parameters instead of
+    a dozen foreach ops (on CPU about 3x faster for a small model, where the optimizer step is a
+    visible part of the update).  Sharded (DTensor) parameters keep torch's default (foreach)."""
     params = [p for p in model.parameters() if p.requires_grad]
-    return torch.optim.AdamW(params, lr=s.lr, betas=s.betas, eps=s.eps, weight_decay=s.weight_decay)
+    fused = bool(params) and all(
+        type(p) is nn.Parameter and p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params
+    )
+    return torch.optim.AdamW(
+        params, lr=s.lr, betas=s.betas, eps=s.eps, weight_decay=s.weight_decay, fused=fused or None
+    )
 
 
 def lr_factor(step: int, s: OptimSettings, total_steps: int | None) -> float:
