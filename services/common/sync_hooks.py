@@ -95,10 +95,12 @@ class TrainerSyncHook:
         decision = await self.client.request_sync(step)
         if not decision.accepted:
             return {}
+        t1 = time.perf_counter()
         try:
             if self.method == "nccl":
                 await self._join(decision.generation)
             result = await self.sync()
+            t2 = time.perf_counter()
         except Exception as exc:
             if self.method == "nccl":
                 await self.client.report_sync(0, False, decision.generation, f"{type(exc).__name__}: {exc}")
@@ -108,8 +110,12 @@ class TrainerSyncHook:
             await self.client.notify_checkpoint(result.version, result.step, result.checkpoint_path)
         elif self.method == "nccl":
             await self.client.report_sync(result.version, True, decision.generation)
+        end = time.perf_counter()
         return {
-            "timing_s/sync_weights": time.perf_counter() - t0,
+            "timing_s/sync_weights": end - t0,
+            "timing_s/sync_request": t1 - t0,  # asking (nccl: until every explorer is ready)
+            "timing_s/sync_transfer": t2 - t1,  # gather + send (memory: push to the synchronizer)
+            "timing_s/sync_report": end - t2,
             "sync/model_version": float(result.version),
         }
 
