@@ -2,9 +2,9 @@
 
     python bench/async_pipeline.py [--quick] [--steps N] [--reps R] [--max-tokens T]
 
-Both run `rft run` (memory store, weights through the synchronizer, `sync_interval: 1`) from the same
+Both run `rft run` (memory store, weights by the `nccl` method, `sync_interval: 1`) from the same
 warmed-up tiny model (`rft_runs.warm_model`), with the quickstart's settings (8 prompts x 8 samples,
-lr 1e-3, temperature 1.0) and at most `--max-tokens` new tokens. With offset 0 the explorer waits for
+temperature 1.0) but lr 3e-4 (`rft_runs.LR`) and at most `--max-tokens` new tokens. With offset 0 the explorer waits for
 step k's weights before it samples step k+1, so sampling and training take turns; with offset 1 it
 samples step k+1 on the weights of step k-1 while the trainer trains step k, so the two overlap.
 Response lengths follow the learning (a run whose policy drifts writes up to 32 tokens, one that learns

@@ -6,9 +6,10 @@ The job: the tiny Qwen2 of `rft make-tiny-model` warmed up on the right answers 
 both sides start from that same folder), the a+b prompts of `examples/data/arithmetic.jsonl`, the exact-
 match reward `arithmetic_reward` (1 for the right number, 0 otherwise; TRL calls the same function,
 compiled from the product's source), 8 prompts per step x 8 samples (`repeat_times` = `num_generations`
-= 8), at most 32 new tokens, temperature 1.0, learning rate 1e-3 (constant), no KL (`beta=0`), on CPU.
+= 8), at most 32 new tokens, temperature 1.0, learning rate 3e-4 (constant; `rft_runs.LR` says why not
+1e-3), no KL (`beta=0`), on CPU.
 - RFT Mesh: `rft run` with the memory store, strictly on-policy (`sync_offset: 0`, `sync_interval: 1`,
-  weights through the synchronizer), the `hf` rollout engine; four processes.
+  weights by the `nccl` method: a gloo broadcast on CPU), the `hf` rollout engine; four processes.
 - TRL: `GRPOTrainer` in one process (no vLLM; defaults otherwise: loss "dapo", one iteration), with
   one torch thread (`--trl-threads`), as `rft run` gives each of its processes (OMP_NUM_THREADS=1 on a
   2-core machine); with 2 threads TRL was 2-25x slower here whenever other work shared the cores.
@@ -41,9 +42,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "protos"), str(ROOT / "bench")]
 
-from rft_runs import DATA, grpo_config, mean_last, run_rft, warm_model  # noqa: E402
+from rft_runs import DATA, LR, grpo_config, mean_last, run_rft, warm_model  # noqa: E402
 
-GROUP, PROMPTS, MAX_TOKENS, LR, TEMPERATURE = 8, 8, 32, 1e-3, 1.0
+GROUP, PROMPTS, MAX_TOKENS, TEMPERATURE = 8, 8, 32, 1.0
 SAMPLES = GROUP * PROMPTS
 LAST = 5  # reward: mean of the last LAST steps' samples
 
@@ -67,7 +68,7 @@ def run_trl(python: Path, model: Path, steps: int, work: Path, threads: int, see
         [str(python), str(ROOT / "bench" / "trl_grpo_worker.py"), "--model", str(model), "--data", str(DATA),
          "--steps", str(steps), "--out", str(out), "--lr", str(LR), "--temperature", str(TEMPERATURE),
          "--group", str(GROUP), "--prompts", str(PROMPTS), "--max-tokens", str(MAX_TOKENS),
-         "--threads", str(threads)],
+         "--threads", str(threads), "--seed", str(seed)],
         cwd=ROOT, check=True, capture_output=True, text=True,
     )  # fmt: skip
     result = json.loads(out.read_text())
