@@ -42,6 +42,9 @@ class InferenceModelConfig(Section):
     ignore_eos: bool = False
     # hf engine: sequences generated together per forward pass (bounds memory).
     micro_batch_size: int = Field(64, ge=1)
+    # hf engine: sample with the lean forward pass for Llama-family models (lean_decoder.py); false,
+    # or a model it does not support, keeps the transformers forward.
+    lean_decoder: bool = True
     # openai engine: endpoint and the environment variable holding the key.
     api_base: str | None = None
     api_key_env: str | None = None

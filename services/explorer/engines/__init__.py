@@ -28,6 +28,7 @@ def _hf_engine(
         micro_batch_size=cfg.micro_batch_size,
         seed=cfg.seed + index,
         name=f"hf-{index}",
+        lean_decoder=cfg.lean_decoder,
     )
 
 

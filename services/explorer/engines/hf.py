@@ -35,6 +35,7 @@ class HFEngine:
         micro_batch_size: int = 64,
         seed: int = 42,
         model_version: int = 0,
+        lean_decoder: bool = True,
     ):
         self.name = name
         self.model = model.eval()
@@ -49,6 +50,7 @@ class HFEngine:
             seed=seed,
             eos_token_ids=eos_ids,
             pad_token_id=pad,
+            lean_decoder=lean_decoder,
         )
         self._version = model_version
         self._lock = threading.Lock()
@@ -66,10 +68,18 @@ class HFEngine:
         micro_batch_size: int = 64,
         seed: int = 42,
         name: str = "hf",
+        lean_decoder: bool = True,
     ) -> HFEngine:
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         model = load_model(model_path, dtype=resolve_dtype(dtype, device), device=device)
-        return cls(model, load_tokenizer(model_path), name=name, micro_batch_size=micro_batch_size, seed=seed)
+        return cls(
+            model,
+            load_tokenizer(model_path),
+            name=name,
+            micro_batch_size=micro_batch_size,
+            seed=seed,
+            lean_decoder=lean_decoder,
+        )
 
     @property
     def model_version(self) -> int:

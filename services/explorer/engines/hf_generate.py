@@ -5,7 +5,9 @@ distribution (see `sampling.py`), every row may carry its own sampling arguments
 (EOS, a stop token or string, their own `max_tokens`) leave the batch at once, so later steps run on
 the rows still going. Prompts are sorted by length before they are cut into micro-batches
 (`micro_batch_size` rows per forward pass, bounding memory), which keeps left padding small.
-Per step the work is tensor ops; Python touches single rows only to check stop strings.
+Per step the work is tensor ops; Python touches single rows only to check stop strings.  For
+Llama-family models the per-token forward is `lean_decoder.LeanDecoder` (same weights, far less
+Python per call); other models use the transformers forward with its `DynamicCache`.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 from transformers import DynamicCache
 
 from services.explorer.engines.base import GenerationOutput, SamplingParams
+from services.explorer.engines.lean_decoder import LeanDecoder, unsupported
 from services.explorer.engines.sampling import RowParams, sample
 
 
@@ -40,6 +43,7 @@ class HFGenerator:
         seed: int = 42,
         eos_token_ids: Sequence[int] = (),
         pad_token_id: int = 0,
+        lean_decoder: bool = True,
     ):
         self.model = model
         self.tokenizer = tokenizer
@@ -47,6 +51,9 @@ class HFGenerator:
         self.device = next(model.parameters()).device
         self.eos_token_ids = tuple(eos_token_ids)
         self.pad_token_id = pad_token_id
+        reason = unsupported(model) if lean_decoder else "lean_decoder is off"
+        self.lean = LeanDecoder(model) if reason is None else None
+        self.lean_off_reason = reason
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed)
 
@@ -92,17 +99,21 @@ class HFGenerator:
         stop_cut: dict[int, int] = {}  # row -> text length before its stop string
 
         active = torch.arange(batch, device=device)  # original row of each batch position
-        cache = DynamicCache()
+        lean = self.lean
+        cache = lean.new_cache(batch, width + max_new) if lean is not None else DynamicCache()
         step_ids, step_pos = ids, positions
         for t in range(max_new):
-            logits = self.model(
-                input_ids=step_ids,
-                attention_mask=mask,
-                position_ids=step_pos,
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            ).logits[:, -1, :]
+            if lean is not None:
+                logits = lean.forward(step_ids, step_pos, mask.bool(), cache)
+            else:
+                logits = self.model(
+                    input_ids=step_ids,
+                    attention_mask=mask,
+                    position_ids=step_pos,
+                    past_key_values=cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                ).logits[:, -1, :]
             if stop_ids is not None and t < max_min_len:
                 # no stop before min_tokens (vLLM): stop ids of rows still short get no mass
                 ids_now = stop_ids[active]
@@ -129,7 +140,10 @@ class HFGenerator:
                 keep = (~done).nonzero().squeeze(-1)
                 active, mask, step_pos, tok = active[keep], mask[keep], step_pos[keep], tok[keep]
                 row_params = row_params.select(keep)
-                cache.batch_select_indices(keep)
+                if lean is not None:
+                    cache.select(keep)
+                else:
+                    cache.batch_select_indices(keep)
             mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)
             step_ids = tok.unsqueeze(-1)
         return self._outputs(rows, tokens, logprobs, lengths, reason_stop, stop_cut)
