@@ -1,6 +1,7 @@
 """The explorer core: explore steps, evaluation, bench mode, weights and status. No gRPC in here.
 
-An explore step takes `buffer.batch_size` tasks, runs their workflows concurrently on the rollout
+An explore step takes `buffer.batch_size` tasks (batch_size / n for each of n explorers with
+`explorer.split_batch`), runs their workflows concurrently on the rollout
 engines (`runner_per_model` runners per engine), stamps the experiences (group id per task, explorer
 id, step), streams them to the sink, logs `rollout/*` and `time/*` metrics and saves the position so a
 restarted explorer resumes after the last finished step. Before each step the sync gate may hold it
@@ -47,6 +48,19 @@ class StepResult:
     metrics: dict[str, float]
 
 
+def tasks_per_step(config: RFTConfig, shard: tuple[int, int]) -> int:
+    """Tasks per explore step: `buffer.batch_size`, or this explorer's share of it (`split_batch`)."""
+    size, parts = config.buffer.batch_size, shard[1]
+    if not config.explorer.split_batch or parts == 1:
+        return size
+    if size % parts:
+        raise ValueError(
+            f"explorer.split_batch: buffer.batch_size {size} cannot be split over {parts} explorers; "
+            f"use a multiple of {parts}"
+        )
+    return size // parts
+
+
 class ExplorerCore:
     def __init__(
         self,
@@ -71,6 +85,7 @@ class ExplorerCore:
         self.gate = gate or NeverWait()
         self.monitor = monitor
         self.shard = shard
+        self.tasks_per_step = tasks_per_step(config, shard)
         self.step = 0
         self.status = "STARTING"
         self.last_metrics: dict[str, float] = {}
@@ -199,7 +214,7 @@ class ExplorerCore:
             await self.gate.before_step(step, self.model_version)
             self.status = "RUNNING"
             t_wait = time.perf_counter() - t0
-            tasks = self._scheduler.next_batch(self.config.buffer.batch_size)
+            tasks = self._scheduler.next_batch(self.tasks_per_step)
             if not tasks:
                 self.exhausted = True
                 return None

@@ -69,7 +69,7 @@ async def build_core(
     resolved = resolve(config)
     rollout = config.explorer.rollout_model
     model_path = rollout.model_path or config.model.model_path
-    engines = await asyncio.to_thread(build_engines, rollout, model_path)
+    engines = await asyncio.to_thread(build_engines, rollout, model_path, None, parts[0] * rollout.engine_num)
     aux = await asyncio.to_thread(build_auxiliary_models, config.explorer.auxiliary_models)
     if sink is None:
         if config.mode == "bench":

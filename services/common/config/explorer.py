@@ -77,6 +77,11 @@ class ExplorerConfig(Section):
     dynamic_timeout: DynamicTimeoutConfig = DynamicTimeoutConfig()
     service_status_check_interval: float = Field(60, gt=0)
     min_running_model_num: int = Field(1, ge=1)
+    # Several explorers (shards i/n, e.g. `rft run --explorers n`): false, each explores
+    # `buffer.batch_size` tasks per step; true, each explores batch_size / n, so one explore step of
+    # every explorer together is one train batch (strictly on-policy with `sync_offset: 0`, and the
+    # sampling of a batch is spread over n processes).
+    split_batch: bool = False
     # Start exploring (bench mode: benchmarking) as soon as the service is up, instead of waiting for
     # Explore/Bench RPCs; the service stops itself when done.
     auto_start: bool = False

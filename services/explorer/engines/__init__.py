@@ -42,11 +42,12 @@ def _vllm_engine(
 
 
 def build_engines(
-    cfg: InferenceModelConfig, model_path: str, device: str | None = None
+    cfg: InferenceModelConfig, model_path: str, device: str | None = None, first_index: int = 0
 ) -> list[RolloutEngine]:
-    """`engine_num` engines of `engine_type` (each seeded `seed + index`)."""
+    """`engine_num` engines of `engine_type`, numbered from `first_index` (each seeded `seed + index`;
+    explorer shard i starts at i x engine_num, so no two engines of a run share a random stream)."""
     factory = ENGINES.get(cfg.engine_type)
-    return [factory(cfg, model_path, index=i, device=device) for i in range(cfg.engine_num)]
+    return [factory(cfg, model_path, index=first_index + i, device=device) for i in range(cfg.engine_num)]
 
 
 __all__ = ["ENGINES", "GenerationOutput", "RolloutEngine", "SamplingParams", "build_engines"]

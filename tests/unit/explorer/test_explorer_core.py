@@ -84,7 +84,7 @@ buffer:
                default_reward_fn_type: gsm8k}}
     eval_tasksets: {extra.get("evals", "[]")}
 explorer: {{max_timeout: {extra.get("timeout", 30)}, max_retry_times: 2, eval_interval: {extra.get("eval_interval", 100)},
-           eval_on_startup: {extra.get("eval_on_startup", "false")}}}
+           eval_on_startup: {extra.get("eval_on_startup", "false")}, split_batch: {extra.get("split", "false")}}}
 """
     return load_config(text=text)
 
@@ -93,9 +93,13 @@ def _rows(n, wf=None):
     return [{"question": f"{i}+0", "answer": str(i), **({"wf": wf} if wf else {})} for i in range(n)]
 
 
-async def _core(config, engine=None, **kw):
+async def _core(config, engine=None, explorer_id="ex1", **kw):
     core = ExplorerCore(
-        config, engines=[engine or ScriptedEngine(["#### 1"])], sink=MemorySink(), explorer_id="ex1", **kw
+        config,
+        engines=[engine or ScriptedEngine(["#### 1"])],
+        sink=MemorySink(),
+        explorer_id=explorer_id,
+        **kw,
     )
     await core.start()
     return core
@@ -130,6 +134,22 @@ async def test_steps_group_and_stamp_experiences(tmp_path):
     assert m["rollout/finished_task_count"] == 4 and results[1].metrics["rollout/finished_task_count"] == 2
     lines = (core.resolved.job_dir / "explorer" / "ex1.json").read_text()
     assert json.loads(lines)["step"] == 2
+
+
+async def test_split_batch_gives_each_explorer_its_share_of_a_step(tmp_path):
+    """Two explorers with `split_batch`: each explores batch_size / 2 tasks of its own shard per step."""
+    config = _config(tmp_path, _rows(8), batch=4, split="true")
+    seen = []
+    for index in (0, 1):
+        core = await _core(config, explorer_id=f"ex{index}", shard=(index, 2))
+        assert core.tasks_per_step == 2
+        results = await core.explore()
+        assert [r.metrics["rollout/finished_task_count"] for r in results] == [2, 2]
+        seen += sorted({e.eid.task_id for e in core.sink.experiences})
+    assert sorted(seen) == sorted(f"train/{i}" for i in range(8))  # the shards cover the taskset once
+    assert (await _core(_config(tmp_path, _rows(8), batch=4), shard=(0, 2))).tasks_per_step == 4
+    with pytest.raises(ValueError, match="explorer.split_batch: buffer.batch_size 4 cannot be split over 3"):
+        await _core(config, shard=(0, 3))
 
 
 async def test_failing_and_hanging_workflows_are_retried_and_counted_while_others_finish(tmp_path):
