@@ -131,8 +131,16 @@ class ExplorerSyncGate:
         self.timeout_s = timeout_s or client.sync_timeout_s
         self.held = client.model_version
         self.waiting_for: int | None = None
+        self._report: asyncio.Task[Any] | None = None  # the last successful load's report
+
+    async def settle(self) -> None:
+        """Wait for the last load's report (sent in the background while a step samples)."""
+        report, self._report = self._report, None
+        if report is not None:
+            await report
 
     async def before_step(self, step: int, model_version: int) -> None:
+        await self.settle()  # the synchronizer hears of a load before this explorer asks again
         self.held = max(self.held, model_version)
         deadline = time.monotonic() + self.timeout_s
         while True:
@@ -167,6 +175,12 @@ class ExplorerSyncGate:
                 finally:
                     self.waiting_for = None
                 self.notify_version(loaded)
+                if self.held >= answer.required_version:
+                    # the step may start now: the success report goes out while it samples
+                    self._report = asyncio.create_task(
+                        self.client.report_sync(loaded, True, answer.generation)
+                    )
+                    return
                 await self.client.report_sync(loaded, True, answer.generation)
             if self.held >= answer.required_version:
                 return

@@ -155,6 +155,12 @@ async def _auto_run(core: ExplorerCore, client: SyncClient | None) -> None:
         code = 1
         core.status = "FAILED"
         log.exception("explorer failed", step=core.step, error=f"{type(exc).__name__}: {exc}")
+    settle = getattr(core.gate, "settle", None)
+    if settle is not None:  # the last load's report goes out before this explorer leaves
+        try:
+            await settle()
+        except Exception as exc:
+            log.warning("last sync report failed", error=f"{type(exc).__name__}: {exc}")
     if client is not None and not await client.leave(ok=code == 0):
         log.warning("could not report the end to the synchronizer")
     stop_service(code)

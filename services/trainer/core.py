@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Protocol
 
 from services.common.experience import Experience
+from services.common.log import get_logger
 from services.common.monitor import Monitor
 from services.trainer.checkpoint import find_latest
 from services.trainer.collate import collate
@@ -46,6 +47,9 @@ __all__ = [
     "TrainerCore",
     "TrainerState",
 ]
+
+
+log = get_logger("trainer.core")
 
 
 class PreconditionError(RuntimeError):
@@ -138,6 +142,7 @@ class TrainerCore:
         self._lock = asyncio.Lock()
         self._saved_step = -1
         self._hf_step = -1
+        self._ack: asyncio.Task[None] | None = None  # the last step's ack, sent while its sync runs
 
     # ---- lifecycle ----------------------------------------------------------------------------
     async def prepare(self) -> None:
@@ -193,8 +198,15 @@ class TrainerCore:
                 self.monitor.log(metrics, self.global_step)
         return StepResult(self.global_step, metrics, not self.finished)
 
+    async def _settle_ack(self) -> None:
+        """Wait for the previous step's ack (an error surfaces here, before the next lease)."""
+        ack, self._ack = self._ack, None
+        if ack is not None:
+            await ack
+
     async def _step_locked(self, timeout_ms: int) -> dict[str, float]:
         assert self.source is not None
+        await self._settle_ack()
         size = self.settings.train_batch_size
         t0 = time.perf_counter()
         min_version = max(0, self.model_version - self.max_staleness) if self.max_staleness is not None else 0
@@ -221,7 +233,9 @@ class TrainerCore:
         t2 = time.perf_counter()
         if self._save_due():
             await self._save_locked(block=False, save_as_hf=self._hf_due())
-        await self.source.ack(leased.lease_id)
+        # the batch is committed: the ack goes out while the weight sync runs (settled before the next
+        # lease, a save's return and shutdown), so it is off the path from update to the explorer
+        self._ack = asyncio.create_task(self.source.ack(leased.lease_id))
         t3 = time.perf_counter()
         metrics = dict(metrics) | {
             "timing_s/read_experience": t1 - t0,
@@ -305,6 +319,7 @@ class TrainerCore:
         self._require(TrainerState.READY)
         hf = self.settings.save_hf_checkpoint != "never"
         async with self._lock:
+            await self._settle_ack()
             if self.global_step > 0 and (
                 self._saved_step != self.global_step or (hf and self._hf_step != self.global_step)
             ):
@@ -317,6 +332,10 @@ class TrainerCore:
         if self.state is TrainerState.STOPPED:
             return
         async with self._lock:
+            try:
+                await self._settle_ack()
+            except Exception as exc:  # the lease expires and the batch is redelivered; say so
+                log.warning("last ack failed", error=f"{type(exc).__name__}: {exc}")
             if wait_for_save:
                 await asyncio.to_thread(self.engine.wait_for_save)
             self.state = TrainerState.STOPPED
