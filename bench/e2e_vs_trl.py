@@ -9,7 +9,10 @@ compiled from the product's source), 8 prompts per step x 8 samples (`repeat_tim
 = 8), at most 32 new tokens, temperature 1.0, learning rate 3e-4 (constant; `rft_runs.LR` says why not
 1e-3), no KL (`beta=0`), on CPU.
 - RFT Mesh: `rft run` with the memory store, strictly on-policy (`sync_offset: 0`, `sync_interval: 1`,
-  weights by the `nccl` method: a gloo broadcast on CPU), the `hf` rollout engine; four processes.
+  weights by the `nccl` method: a gloo broadcast on CPU), the `hf` rollout engine, two explorer
+  processes that share each step's 8 prompts (`--explorers 2`, `explorer.split_batch`: sampling
+  runs on both cores while the trainer waits; the trainer has them while the explorers wait), so
+  five processes; each has one torch thread.
 - TRL: `GRPOTrainer` in one process (no vLLM; defaults otherwise: loss "dapo", one iteration), with
   one torch thread (`--trl-threads`), as `rft run` gives each of its processes (OMP_NUM_THREADS=1 on a
   2-core machine); with 2 threads TRL was 2-25x slower here whenever other work shared the cores.
@@ -89,8 +92,8 @@ def trl_figures(r: dict, warmup: int) -> dict[str, float]:
     }
 
 
-def rft_figures(config: Path, job_dir: Path, warmup: int) -> dict[str, float]:
-    r = run_rft(config, job_dir)
+def rft_figures(config: Path, job_dir: Path, warmup: int, explorers: int) -> dict[str, float]:
+    r = run_rft(config, job_dir, explorers=explorers)
     cps, tps, sps = r.window(warmup, SAMPLES)
     return {"completions_per_s": cps, "tokens_per_s": tps, "s_per_step": sps,
             "reward": mean_last(r.reward, LAST), "wall_s": r.wall_s}  # fmt: skip
@@ -109,6 +112,8 @@ def main() -> None:
         default=1,
         help="TRL's torch threads (1, as `rft run` gives each process: 2 thrash on a shared 2-core box)",
     )
+    ap.add_argument("--explorers", type=int, default=2,
+                    help="explorer processes sharing each step's prompts (explorer.split_batch)")  # fmt: skip
     ap.add_argument("--model-dir", type=Path, default=ROOT / "runs" / "bench" / "model",
                     help="where the warmed-up tiny model is made (reused when present)")  # fmt: skip
     args = ap.parse_args()
@@ -132,8 +137,8 @@ def main() -> None:
                     cfg = grpo_config(work / f"{name}.yaml", model=model, root=work / "ck", name=name,
                                       steps=steps, sync_offset=0, max_tokens=MAX_TOKENS, lr=LR,
                                       temperature=TEMPERATURE, repeat_times=GROUP, batch_size=PROMPTS,
-                                      seed=rep)  # fmt: skip
-                    ours.append(rft_figures(cfg, work / "ck" / "bench" / name, warmup))
+                                      seed=rep, split_batch=args.explorers > 1)  # fmt: skip
+                    ours.append(rft_figures(cfg, work / "ck" / "bench" / name, warmup, args.explorers))
                     fig = ours[-1]
                 else:
                     base.append(
@@ -169,7 +174,7 @@ def main() -> None:
         "trl_s_per_step": round(b["s_per_step"], 4), "trl_reward": round(b["reward"], 4),
         "tokens_ratio": round(o["tokens_per_s"] / b["tokens_per_s"], 3),
         "reward_delta": round(o["reward"] - b["reward"], 4),
-        "trl_threads": args.trl_threads, "ratio": round(ratio, 3), "target": 2.0,
+        "trl_threads": args.trl_threads, "explorers": args.explorers, "ratio": round(ratio, 3), "target": 2.0,
     }))  # fmt: skip
 
 

@@ -94,11 +94,14 @@ def grpo_config(
     batch_size: int = 8,
     seed: int = 1,
     sync_method: str = "nccl",
+    split_batch: bool = False,
 ) -> Path:
     """The quickstart's GRPO stage as a one-stage run, with the benchmark's settings.
 
     Weights go trainer -> explorer by `sync_method` "nccl" (a gloo broadcast group on CPU, Trinity-RFT's
-    default method): one direct transfer instead of a push to the synchronizer and a pull from it."""
+    default method): one direct transfer instead of a push to the synchronizer and a pull from it.
+    `split_batch`: run with `run_rft(..., explorers=n)` so n explorer processes share each step's
+    prompts (`explorer.split_batch`)."""
     tree: dict[str, Any] = yaml.safe_load(QUICKSTART.read_text())
     tree.pop("stages", None)
     tree.update(project="bench", name=name, checkpoint_root_dir=str(root), continue_from_checkpoint=False)
@@ -114,6 +117,7 @@ def grpo_config(
     # GPUs) splits 64 short rows into ~7 forward/backward passes, each paying the model's Python overhead
     tree["trainer"].update(save_interval=0, save_hf_checkpoint="never", max_token_len_per_gpu=4096)
     tree["monitor"]["monitor_type"] = "console"
+    tree["explorer"]["split_batch"] = split_batch
     path.write_text(yaml.safe_dump(tree, sort_keys=False))
     return path
 
@@ -137,12 +141,14 @@ def _stamp(value: str) -> float:
     return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
 
 
-def run_rft(config: Path, job_dir: Path, threads: dict[str, str] | None = None) -> RunResult:
-    """`rft run --config config`; per-step figures from the trainer's log and metrics."""
+def run_rft(
+    config: Path, job_dir: Path, threads: dict[str, str] | None = None, explorers: int = 1
+) -> RunResult:
+    """`rft run --config config [--explorers n]`; per-step figures from the trainer's log and metrics."""
     env = {**os.environ, **(threads or {})}
     t0 = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "services.cli", "run", "--config", str(config)],
+        [sys.executable, "-m", "services.cli", "run", "--config", str(config), "--explorers", str(explorers)],
         cwd=ROOT,
         env=env,
         capture_output=True,
