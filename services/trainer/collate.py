@@ -193,8 +193,16 @@ class Packed:
         return out.index_put((self.rows.to(values.device), self.cols.to(values.device)), values)
 
 
-def pack(step: StepBatch) -> Packed:
-    """Pack the rows of `step` into one sequence (see the module docstring)."""
+def pack(step: StepBatch, share_prompts: bool = False) -> Packed:
+    """Pack the rows of `step` into one sequence (see the module docstring).
+
+    With `share_prompts`, rows with identical prompt tokens (a GRPO group) become one segment: the
+    prompt once, then each row's response, every response positioned right after the prompt.  Only
+    for attention that reads this layout (`varlen_attention`); the LM head then reads the prompt's
+    last position once per row of the group.
+    """
+    if share_prompts:
+        return _pack_shared(step)
     ids, pos, logit_pos, labels, rows, cols = [], [], [], [], [], []
     start = 0
     for i, (tokens, p) in enumerate(zip(step.tokens, step.prompt_lengths, strict=True)):
@@ -214,6 +222,42 @@ def pack(step: StepBatch) -> Packed:
         labels=torch.cat(labels),
         rows=torch.cat(rows),
         cols=torch.cat(cols),
+        shape=(step.size, step.batch.response_length),
+    )
+
+
+def _pack_shared(step: StepBatch) -> Packed:
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, (tokens, p) in enumerate(zip(step.tokens, step.prompt_lengths, strict=True)):
+        groups.setdefault(tuple(tokens[:p].tolist()), []).append(i)
+    ids, pos, logit_pos, labels, rows, cols = [], [], [], [], [], []
+    start = 0
+    for prompt, members in groups.items():
+        p = len(prompt)
+        ids.append(torch.tensor(prompt, dtype=torch.long))
+        pos.append(torch.arange(p))
+        last_prompt = start + p - 1
+        start += p
+        for i in members:
+            response = step.tokens[i][p:]
+            r = int(response.numel())
+            if r == 0:
+                continue
+            ids.append(response)
+            pos.append(torch.arange(p, p + r))
+            logit_pos.append(torch.cat([torch.tensor([last_prompt]), torch.arange(start, start + r - 1)]))
+            labels.append(response)
+            rows.append(torch.full((r,), i, dtype=torch.long))
+            cols.append(torch.arange(r))
+            start += r
+    empty = torch.zeros(0, dtype=torch.long)
+    return Packed(
+        input_ids=torch.cat(ids).unsqueeze(0),
+        position_ids=torch.cat(pos).unsqueeze(0),
+        logit_positions=torch.cat(logit_pos) if logit_pos else empty,
+        labels=torch.cat(labels) if labels else empty,
+        rows=torch.cat(rows) if rows else empty,
+        cols=torch.cat(cols) if cols else empty,
         shape=(step.size, step.batch.response_length),
     )
 
@@ -256,6 +300,7 @@ class ModelShape:
     pair_flops: float
     head_flops: float
     varlen_attention: bool
+    shared_prompts: bool = False  # the attention reads shared-prompt packing (`varlen_attention`)
 
     @classmethod
     def of(cls, module: torch.nn.Module) -> ModelShape:
@@ -271,6 +316,7 @@ class ModelShape:
             pair_flops=4.0 * h * layers,
             head_flops=2.0 * h * vocab,
             varlen_attention=attn.startswith("flash") or attn == VARLEN_ATTENTION,
+            shared_prompts=attn == VARLEN_ATTENTION,
         )
 
 
@@ -286,6 +332,9 @@ def layout_flops(step: StepBatch, shape: ModelShape) -> tuple[float, float]:
 
 
 def model_inputs(step: StepBatch, shape: ModelShape, pad_token_id: int = 0) -> Packed:
-    """The cheaper layout of `step` for a model of `shape` (ties go to packing)."""
+    """The cheaper layout of `step` for a model of `shape` (ties go to packing); packed with shared
+    prompts when the model's attention reads that layout (never more tokens than plain packing)."""
+    if shape.shared_prompts:
+        return pack(step, share_prompts=True)
     packed, padded = layout_flops(step, shape)
     return pad(step, pad_token_id) if padded < packed else pack(step)

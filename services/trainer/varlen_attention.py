@@ -7,7 +7,10 @@ This attention function (registered with transformers' `AttentionInterface` as `
 scatters q, k and v into right-padded ``(sequences, heads, longest, dim)`` tensors, runs
 `scaled_dot_product_attention` with ``is_causal`` (a causal mask never lets a real token see the
 padding that follows it, so no mask tensor is needed) and gathers the outputs back into the packed
-order.  The linear layers still see only the T real tokens.  Registering the name also means
+order.  The linear layers still see only the T real tokens.  Rows that share a prompt can be packed
+as one prompt followed by their responses (`collate.pack(share_prompts=True)`): `segments` reads
+that layout from the position ids and masks attention so each response sees only the prompt and
+itself, so the prompt is computed once per group instead of once per sample.  Registering the name also means
 transformers builds no mask for it (it is not in `ALL_MASK_ATTENTION_FUNCTIONS`).
 
 `enable(module)` switches a transformers model to it when the model's attention is sdpa or eager.
@@ -29,34 +32,71 @@ NAME = "rft_varlen_sdpa"
 
 @dataclass(frozen=True)
 class Bucket:
-    """Sequences of similar length, padded to the longest of them: `tokens` are their packed
-    positions ``(n,)`` and `slots` where each lands in a ``(count x longest)`` layout."""
+    """Packed sequences (or prompt groups) of similar length, padded to the longest: `tokens` are
+    their packed positions ``(n,)``, `slots` where each lands in a ``(count x longest)`` grid, and
+    `mask` ``(count, 1, longest, longest)`` the keys each query may see (None: plain causal)."""
 
     tokens: torch.Tensor
     slots: torch.Tensor
     count: int
     longest: int
+    mask: torch.Tensor | None = None
 
 
 def segments(position_ids: torch.Tensor, smallest: int = 8) -> list[Bucket]:
-    """Buckets of the sequences of packed `position_ids` ``(1, T)`` (0, 1, .., n0-1, 0, 1, .., n1-1,
-    ...), grouped by length rounded up to a power of two (at least `smallest`), so padding within a
-    bucket is under 2x and a few long sequences do not pad all the short ones."""
+    """Buckets of the segments of packed `position_ids` ``(1, T)``.
+
+    A segment starts where the position is 0.  Plain packing gives one sequence per segment
+    (0, 1, .., n-1).  Shared-prompt packing (`collate.pack(share_prompts=True)`) gives one prompt
+    followed by several responses that all continue it: 0..P-1, P..P+r1-1, P..P+r2-1, ...; a
+    position that does not grow starts the next response.  There a query sees the prompt's keys and
+    the earlier keys of its own response, never another response's.  Segments are grouped by length
+    rounded up to a power of two (at least `smallest`), so padding within a bucket is under 2x.
+    """
     pos = position_ids.reshape(-1)
-    starts = torch.nonzero(pos == 0).flatten()
-    lengths = torch.diff(starts, append=starts.new_tensor([pos.numel()]))
-    seq_of_token = torch.repeat_interleave(torch.arange(starts.numel(), device=pos.device), lengths)
+    n = pos.numel()
+    device = pos.device
+    index = torch.arange(n, device=device)
+    seg_start = pos == 0
+    new_response = torch.zeros(n, dtype=torch.bool, device=device)
+    new_response[1:] = (pos[1:] <= pos[:-1]) & ~seg_start[1:]
+    seg = torch.cumsum(seg_start.long(), 0) - 1
+    starts = torch.nonzero(seg_start).flatten()
+    count_all = int(starts.numel())
+    lengths = torch.diff(starts, append=starts.new_tensor([n]))
+    offset = index - starts[seg]
+    response = torch.cumsum((new_response | seg_start).long(), 0) - 1  # one id per prompt-or-response run
+    # the prompt length of a shared segment: where its later responses restart (none: no sharing)
+    prompt_len = torch.full((count_all,), n + 1, dtype=torch.long, device=device)
+    prompt_len.scatter_reduce_(0, seg[new_response], pos[new_response], "amin")
+    shared_key = pos < prompt_len[seg]
+    shares = torch.zeros(count_all, dtype=torch.bool, device=device)
+    shares[seg[new_response]] = True
     caps = torch.clamp(lengths, min=smallest)
     caps = (2 ** torch.ceil(torch.log2(caps.double()))).long()
     buckets = []
     for cap in torch.unique(caps).tolist():
         members = torch.nonzero(caps == cap).flatten()
-        local = torch.full((starts.numel(),), -1, dtype=torch.long, device=pos.device)
-        local[members] = torch.arange(members.numel(), device=pos.device)
-        row = local[seq_of_token]
+        local = torch.full((count_all,), -1, dtype=torch.long, device=device)
+        local[members] = torch.arange(members.numel(), device=device)
+        row = local[seg]
         tokens = torch.nonzero(row >= 0).flatten()
-        longest = int(lengths[members].max())
-        buckets.append(Bucket(tokens, row[tokens] * longest + pos[tokens], int(members.numel()), longest))
+        longest, count = int(lengths[members].max()), int(members.numel())
+        slots = row[tokens] * longest + offset[tokens]
+        mask = None
+        if bool(shares[members].any()):
+            run = torch.full((count * longest,), -1, dtype=torch.long, device=device)
+            run[slots] = response[tokens]
+            shared = torch.zeros(count * longest, dtype=torch.bool, device=device)
+            shared[slots] = shared_key[tokens]
+            run, shared = run.view(count, 1, longest), shared.view(count, 1, longest)
+            causal = torch.ones(longest, longest, dtype=torch.bool, device=device).tril()
+            diagonal = torch.eye(longest, dtype=torch.bool, device=device)
+            # (count, 1, q, k): a key is visible when not in the future and shared or of the same run;
+            # every query sees itself, so padding queries never have an empty row
+            mask = (causal & (shared | (run == run.transpose(1, 2)))) | diagonal
+            mask = mask.unsqueeze(1)
+        buckets.append(Bucket(tokens, slots, count, longest, mask))
     return buckets
 
 
@@ -102,10 +142,17 @@ def varlen_sdpa_attention(
 
         q, k, v = padded(query), padded(key), padded(value)
         if q.device.type == "cpu":
-            o = _math_attention(q, k, v, dropout, scaling)
+            o = _math_attention(q, k, v, dropout, scaling, bucket.mask)
         else:
             o = F.scaled_dot_product_attention(
-                q, k, v, is_causal=True, dropout_p=dropout, scale=scaling, enable_gqa=q.shape[1] != k.shape[1]
+                q,
+                k,
+                v,
+                attn_mask=bucket.mask,
+                is_causal=bucket.mask is None,
+                dropout_p=dropout,
+                scale=scaling,
+                enable_gqa=q.shape[1] != k.shape[1],
             )
         heads, dim = o.shape[1], o.shape[3]
         o = o.transpose(0, 1).reshape(heads, bucket.count * bucket.longest, dim).index_select(1, bucket.slots)
@@ -114,17 +161,23 @@ def varlen_sdpa_attention(
 
 
 def _math_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float, scaling: float | None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dropout: float,
+    scaling: float | None,
+    mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Causal attention as three tensor ops: for short rows on CPU this is several times faster than
-    the blocked flash kernel sdpa picks there, whose per-block costs dominate small problems."""
+    """Attention as three tensor ops, causal or under `mask` (True = visible): for short rows on CPU
+    this is several times faster than the blocked flash kernel sdpa picks there, whose per-block
+    costs dominate small problems."""
     if k.shape[1] != q.shape[1]:  # grouped-query attention: each kv head serves several query heads
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
     length = q.shape[2]
     scores = torch.matmul(q, k.transpose(-1, -2)) * (scaling if scaling is not None else q.shape[-1] ** -0.5)
-    future = torch.ones(length, length, dtype=torch.bool, device=q.device).triu(1)
-    probs = torch.softmax(scores.masked_fill(future, float("-inf")), dim=-1)
+    hidden = torch.ones(length, length, dtype=torch.bool, device=q.device).triu(1) if mask is None else ~mask
+    probs = torch.softmax(scores.masked_fill(hidden, float("-inf")), dim=-1)
     if dropout:
         probs = F.dropout(probs, p=dropout)
     return torch.matmul(probs, v)
