@@ -143,6 +143,7 @@ class TrainerCore:
         self._saved_step = -1
         self._hf_step = -1
         self._ack: asyncio.Task[None] | None = None  # the last step's ack, sent while its sync runs
+        self._unlogged: dict[str, float] | None = None  # a committed step's metrics, until written
 
     # ---- lifecycle ----------------------------------------------------------------------------
     async def prepare(self) -> None:
@@ -185,6 +186,9 @@ class TrainerCore:
             self.state = TrainerState.TRAINING
             try:
                 metrics = await self._step_locked(timeout_ms)
+            except BaseException:
+                self._log_committed({})  # cut short after its commit: the step's line is still written
+                raise
             finally:
                 if self.state is TrainerState.TRAINING:
                     self.state = TrainerState.READY
@@ -192,11 +196,18 @@ class TrainerCore:
         try:
             sync_metrics = dict(await self.sync_hook.after_step(self.global_step))
         finally:  # the step is committed: its metrics line is written even if the sync is cut short
-            metrics |= sync_metrics
-            self.last_metrics = metrics
-            if self.monitor is not None:
-                self.monitor.log(metrics, self.global_step)
+            self._log_committed(sync_metrics)
         return StepResult(self.global_step, metrics, not self.finished)
+
+    def _log_committed(self, extra: Mapping[str, float]) -> None:
+        """Write the metrics line of the last committed step, once."""
+        metrics, self._unlogged = self._unlogged, None
+        if metrics is None:
+            return
+        metrics |= extra
+        self.last_metrics = metrics
+        if self.monitor is not None:
+            self.monitor.log(metrics, self.global_step)
 
     async def _settle_ack(self) -> None:
         """Wait for the previous step's ack (an error surfaces here, before the next lease)."""
@@ -231,20 +242,21 @@ class TrainerCore:
         self.model_version = self.global_step
         self.consumed_samples += len(experiences)
         t2 = time.perf_counter()
-        if self._save_due():
-            await self._save_locked(block=False, save_as_hf=self._hf_due())
-        # the batch is committed: the ack goes out while the weight sync runs (settled before the next
-        # lease, a save's return and shutdown), so it is off the path from update to the explorer
-        self._ack = asyncio.create_task(self.source.ack(leased.lease_id))
-        t3 = time.perf_counter()
         metrics = dict(metrics) | {
             "timing_s/read_experience": t1 - t0,
             "timing_s/train_step": t2 - t1,
-            "timing_s/save_checkpoint": t3 - t2,
-            "timing_s/step": t3 - t0,
             "sample/model_version/mean": sum(e.model_version for e in experiences) / len(experiences),
             "sample/task_count": float(len({e.eid.group_id for e in experiences})),
         }
+        self._unlogged = metrics  # from here on the step is committed (see `_log_committed`)
+        if self._save_due():
+            await self._save_locked(block=False, save_as_hf=self._hf_due())
+        # the ack goes out while the weight sync runs (settled before the next lease, at the end of
+        # the run and at shutdown), so it is off the path from the update to the explorer
+        self._ack = asyncio.create_task(self.source.ack(leased.lease_id))
+        t3 = time.perf_counter()
+        metrics["timing_s/save_checkpoint"] = t3 - t2
+        metrics["timing_s/step"] = t3 - t0
         return metrics
 
     def _save_due(self) -> bool:
