@@ -55,7 +55,10 @@ def _serve(conn, device: str) -> None:
         except EOFError:
             return
         try:
-            if cmd == "join":
+            if cmd == "setenv":  # e.g. RFT_WEIGHT_SYNC_SHM=0: the network broadcast on one host
+                os.environ[args[0]] = args[1]
+                value = None
+            elif cmd == "join":
                 info, rank = args
                 group = BroadcastGroup.join(info, rank, device)
                 value: Any = group.generation

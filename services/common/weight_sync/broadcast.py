@@ -8,6 +8,14 @@ One `send` is, in order:
 3. an all-reduce(MIN) acknowledgement: each receiver says whether it consumed every tensor, so the
    sender returns only after all receivers hold the whole version, and learns if one failed.
 
+When every member is on one host (the group's address is a loopback one) and the tensors are on the
+CPU, step 2 goes through shared memory instead: the sender packs every bucket into one file under
+/dev/shm (named after the group's port and generation), broadcasts a one-number "ready", and each
+receiver reads its views straight from the mapped file. One copy in, one copy out per receiver, all
+receivers in parallel, instead of one TCP transfer per receiver. The header says which way a send
+goes, so members never disagree; the acknowledgement keeps the sender from overwriting the file
+before every receiver is done with it. `RFT_WEIGHT_SYNC_SHM=0` turns this off.
+
 Receivers get `(name, tensor)` pairs in spec order, on the device they asked for; on the comm device
 the tensors are views into the received bucket (copy them or load them; `load_weights` copies).
 `receive` is a generator: consume it fully or close it - closing early drains the remaining buckets
@@ -16,6 +24,8 @@ and acknowledges failure, so the other members never hang.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -30,6 +40,13 @@ from services.common.weight_sync.specs import TensorSpec, fingerprint
 
 _MAGIC = 0x5246544D  # "RFTM"
 _OK, _ABORT = 1, 0
+_SHM_DIR = "/dev/shm"
+_SHM_MAX_BYTES = 1 << 30  # larger models use the network broadcast (tmpfs is RAM)
+_ALIGN = 64
+
+
+def _loopback(address: str) -> bool:
+    return address in ("localhost", "::1") or address.startswith("127.")
 
 
 @dataclass(frozen=True)
@@ -57,6 +74,15 @@ class BroadcastGroup:
         self._plan: list[Bucket] = plan_buckets(self.specs, conn.info.bucket_bytes)
         self._fp = fingerprint(self.specs)
         self._bufs: list[torch.Tensor] = []
+        self._offsets: list[int] = []  # each bucket's place in the shared-memory file
+        end = 0
+        for bucket in self._plan:
+            self._offsets.append(end)
+            end += -(-bucket.nbytes // _ALIGN) * _ALIGN
+        self._shm_bytes = end
+        self._shm: torch.Tensor | None = None
+        name = f"rft-wsync-{self.info.group_name}-{self.info.master_port}-g{self.generation}"
+        self._shm_path = os.path.join(_SHM_DIR, name)
 
     @classmethod
     def join(cls, info: GroupInfo, rank: int, device: str | torch.device = "cpu") -> BroadcastGroup:
@@ -83,7 +109,28 @@ class BroadcastGroup:
 
     def close(self) -> None:
         self._bufs = []
+        self._shm = None
+        if self.rank == 0 and self._shm_bytes:
+            with contextlib.suppress(OSError):
+                os.unlink(self._shm_path)
         self._conn.close()
+
+    # ---- shared memory -------------------------------------------------------------------------
+    def _shm_usable(self) -> bool:
+        """Sender's choice for one send: same host, CPU tensors, a model that fits."""
+        return (
+            os.environ.get("RFT_WEIGHT_SYNC_SHM", "1") != "0"
+            and self._conn.device.type == "cpu"
+            and _loopback(self.info.master_address)
+            and 0 < self._shm_bytes <= _SHM_MAX_BYTES
+            and os.path.isdir(_SHM_DIR)
+        )
+
+    def _region(self) -> torch.Tensor:
+        """The mapped file (created by the sender on first use, sized for every bucket)."""
+        if self._shm is None:
+            self._shm = torch.from_file(self._shm_path, shared=True, size=self._shm_bytes, dtype=torch.uint8)
+        return self._shm
 
     # ---- collectives -------------------------------------------------------------------------
     def _bcast(self, tensor: torch.Tensor):
@@ -91,8 +138,8 @@ class BroadcastGroup:
         opts.rootRank = 0
         return self._conn.pg.broadcast([tensor], opts)
 
-    def _header(self, version: int, status: int) -> torch.Tensor:
-        vals = [_MAGIC, self.generation, version, self._fp, len(self._plan), status]
+    def _header(self, version: int, status: int, via_shm: bool = False) -> torch.Tensor:
+        vals = [_MAGIC, self.generation, version, self._fp, len(self._plan), status, int(via_shm)]
         return torch.tensor(vals, dtype=torch.int64, device=self._conn.device)
 
     def _ack(self, ok: bool) -> bool:
@@ -130,9 +177,22 @@ class BroadcastGroup:
             raise WeightSyncError(
                 f"version {version} does not match the group's tensor specs: {'; '.join(problems[:5])}"
             )
-        conn.wait(self._bcast(self._header(version, _OK)), "header")
+        via_shm = self._shm_usable()
+        conn.wait(self._bcast(self._header(version, _OK, via_shm)), "header")
         work, nbytes = None, 0
-        for k, bucket in enumerate(self._plan):
+        if via_shm:
+            region = self._region()
+            for bucket, offset in zip(self._plan, self._offsets, strict=True):
+                if bucket.nbytes == 0:
+                    continue
+                dest = region[offset : offset + bucket.nbytes]
+                flat = pack(bucket, [table[s.spec.name] for s in bucket.slots], dest)
+                if flat.data_ptr() != dest.data_ptr():  # a solo bucket hands back the tensor itself
+                    dest.copy_(flat)
+                nbytes += bucket.nbytes
+            ready = torch.ones(1, dtype=torch.int64, device=conn.device)
+            conn.wait(self._bcast(ready), "shared-memory ready")
+        for k, bucket in enumerate(() if via_shm else self._plan):
             if bucket.nbytes == 0:
                 continue
             tensors = [table[s.spec.name].to(conn.device, non_blocking=True) for s in bucket.slots]
@@ -164,7 +224,7 @@ class BroadcastGroup:
         out_device = torch.device(device) if device is not None else conn.device
         header = self._header(-1, _OK)
         conn.wait(self._bcast(header), "header")
-        magic, gen, sent_version, fp, n_buckets, status = header.tolist()
+        magic, gen, sent_version, fp, n_buckets, status, via_shm = header.tolist()
         if status != _OK:
             raise WeightSyncError(
                 f"{conn.describe()}: the sender aborted version {sent_version} (see its log)"
@@ -180,7 +240,24 @@ class BroadcastGroup:
             conn.fail(mismatch)
             self.close()  # peers see the connection drop instead of waiting for the timeout
             raise GroupBrokenError(f"{conn.describe()}: {mismatch}")
+        if via_shm:
+            conn.wait(
+                self._bcast(torch.zeros(1, dtype=torch.int64, device=conn.device)), "shared-memory ready"
+            )
+            return self._receive_shared(out_device)
         return self._receive_buckets(out_device)
+
+    def _receive_shared(self, out_device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
+        done = False
+        try:
+            region = self._region()
+            for bucket, offset in zip(self._plan, self._offsets, strict=True):
+                for name, tensor in unpack(bucket, region[offset : offset + bucket.nbytes]):
+                    yield name, tensor if tensor.device == out_device else tensor.to(out_device)
+            done = True
+        finally:
+            if not self.broken:
+                self._ack(done)
 
     def _post(self, k: int):
         bucket = self._plan[k]

@@ -6,6 +6,7 @@ every wait has a deadline and nothing sleeps for synchronisation.
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -60,12 +61,27 @@ def _broadcast_and_check(workers: list[Worker], version: int, seed: int) -> None
         assert got == want  # dtype, shape and bytes identical
 
 
-def test_one_sender_two_receivers_get_bit_identical_tensors(pool):
+@pytest.mark.parametrize("shared_memory", ["1", "0"])
+def test_one_sender_two_receivers_get_bit_identical_tensors(pool, shared_memory):
+    """On one host the buckets go through /dev/shm; with RFT_WEIGHT_SYNC_SHM=0 over the gloo broadcast."""
     workers = pool[:3]
-    _join(workers, _info(3))
-    _broadcast_and_check(workers, version=1, seed=11)
-    _broadcast_and_check(workers, version=2, seed=12)  # the group is reusable
-    _close(workers)
+    workers[0].call("setenv", "RFT_WEIGHT_SYNC_SHM", shared_memory)
+    workers[0].value()
+    try:
+        _join(workers, _info(3))
+        _broadcast_and_check(workers, version=1, seed=11)
+        _broadcast_and_check(workers, version=2, seed=12)  # the group is reusable
+        files = (
+            [f for f in os.listdir("/dev/shm") if f.startswith("rft-wsync-")]
+            if os.path.isdir("/dev/shm")
+            else []
+        )
+        assert bool(files) == (shared_memory == "1")  # the sender's file, while the group lives
+        _close(workers)
+        assert not [f for f in files if os.path.exists(os.path.join("/dev/shm", f))]  # removed on close
+    finally:
+        workers[0].call("setenv", "RFT_WEIGHT_SYNC_SHM", "1")
+        workers[0].value()
 
 
 def test_teardown_and_rebuild_with_new_generation_lets_a_third_receiver_join(pool):
