@@ -52,7 +52,9 @@ def _serve(conn, device: str) -> None:
     while True:
         try:
             cmd, args = conn.recv()
-        except EOFError:
+        except EOFError:  # the parent is gone: leave the group as a service would on shutdown
+            if group is not None:
+                group.close()
             return
         try:
             if cmd == "setenv":  # e.g. RFT_WEIGHT_SYNC_SHM=0: the network broadcast on one host

@@ -14,7 +14,8 @@ CPU, step 2 goes through shared memory instead: the sender packs every bucket in
 receiver reads its views straight from the mapped file. One copy in, one copy out per receiver, all
 receivers in parallel, instead of one TCP transfer per receiver. The header says which way a send
 goes, so members never disagree; the acknowledgement keeps the sender from overwriting the file
-before every receiver is done with it. `RFT_WEIGHT_SYNC_SHM=0` turns this off.
+before every receiver is done with it. The sender removes the file when the group closes or its
+process exits (a killed sender leaves it behind). `RFT_WEIGHT_SYNC_SHM=0` turns this off.
 
 Receivers get `(name, tensor)` pairs in spec order, on the device they asked for; on the comm device
 the tensors are views into the received bucket (copy them or load them; `load_weights` copies).
@@ -27,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
@@ -47,6 +49,11 @@ _ALIGN = 64
 
 def _loopback(address: str) -> bool:
     return address in ("localhost", "::1") or address.startswith("127.")
+
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 @dataclass(frozen=True)
@@ -75,7 +82,7 @@ class BroadcastGroup:
         self._fp = fingerprint(self.specs)
         self._bufs: list[torch.Tensor] = []
         self._offsets: list[int] = []  # each bucket's place in the shared-memory file
-        end = 0
+        end = _ALIGN  # the first bytes hold the sender's stamp for the send
         for bucket in self._plan:
             self._offsets.append(end)
             end += -(-bucket.nbytes // _ALIGN) * _ALIGN
@@ -83,6 +90,7 @@ class BroadcastGroup:
         self._shm: torch.Tensor | None = None
         name = f"rft-wsync-{self.info.group_name}-{self.info.master_port}-g{self.generation}"
         self._shm_path = os.path.join(_SHM_DIR, name)
+        self._shm_owner: weakref.finalize | None = None  # the sender removes its file (also at exit)
 
     @classmethod
     def join(cls, info: GroupInfo, rank: int, device: str | torch.device = "cpu") -> BroadcastGroup:
@@ -110,9 +118,8 @@ class BroadcastGroup:
     def close(self) -> None:
         self._bufs = []
         self._shm = None
-        if self.rank == 0 and self._shm_bytes:
-            with contextlib.suppress(OSError):
-                os.unlink(self._shm_path)
+        if self._shm_owner is not None:
+            self._shm_owner()
         self._conn.close()
 
     # ---- shared memory -------------------------------------------------------------------------
@@ -129,6 +136,13 @@ class BroadcastGroup:
     def _region(self) -> torch.Tensor:
         """The mapped file (created by the sender on first use, sized for every bucket)."""
         if self._shm is None:
+            if self.rank == 0:
+                self._shm_owner = weakref.finalize(self, _unlink, self._shm_path)
+            elif not os.path.exists(self._shm_path):
+                raise WeightSyncError(
+                    f"{self._conn.describe()}: the sender's shared-memory file {self._shm_path} is not "
+                    "visible here (another /dev/shm?); set RFT_WEIGHT_SYNC_SHM=0 on the sender"
+                )
             self._shm = torch.from_file(self._shm_path, shared=True, size=self._shm_bytes, dtype=torch.uint8)
         return self._shm
 
@@ -190,8 +204,11 @@ class BroadcastGroup:
                 if flat.data_ptr() != dest.data_ptr():  # a solo bucket hands back the tensor itself
                     dest.copy_(flat)
                 nbytes += bucket.nbytes
-            ready = torch.ones(1, dtype=torch.int64, device=conn.device)
-            conn.wait(self._bcast(ready), "shared-memory ready")
+            # a fresh stamp in the file and in the "ready" message: a receiver that maps another file
+            # (another /dev/shm behind the same loopback address) sees the mismatch instead of zeros
+            stamp = torch.randint(1, 2**62, (1,), dtype=torch.int64)
+            region[:8].copy_(stamp.view(torch.uint8))
+            conn.wait(self._bcast(stamp.to(conn.device)), "shared-memory ready")
         for k, bucket in enumerate(() if via_shm else self._plan):
             if bucket.nbytes == 0:
                 continue
@@ -241,16 +258,20 @@ class BroadcastGroup:
             self.close()  # peers see the connection drop instead of waiting for the timeout
             raise GroupBrokenError(f"{conn.describe()}: {mismatch}")
         if via_shm:
-            conn.wait(
-                self._bcast(torch.zeros(1, dtype=torch.int64, device=conn.device)), "shared-memory ready"
-            )
-            return self._receive_shared(out_device)
+            stamp = torch.zeros(1, dtype=torch.int64, device=conn.device)
+            conn.wait(self._bcast(stamp), "shared-memory ready")
+            return self._receive_shared(out_device, int(stamp.item()))
         return self._receive_buckets(out_device)
 
-    def _receive_shared(self, out_device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
+    def _receive_shared(self, out_device: torch.device, stamp: int) -> Iterator[tuple[str, torch.Tensor]]:
         done = False
         try:
             region = self._region()
+            if int(region[:8].view(torch.int64)[0]) != stamp:
+                raise WeightSyncError(
+                    f"{self._conn.describe()}: {self._shm_path} does not hold this send (another "
+                    "/dev/shm behind the same address?); set RFT_WEIGHT_SYNC_SHM=0 on the sender"
+                )
             for bucket, offset in zip(self._plan, self._offsets, strict=True):
                 for name, tensor in unpack(bucket, region[offset : offset + bucket.nbytes]):
                     yield name, tensor if tensor.device == out_device else tensor.to(out_device)

@@ -68,17 +68,14 @@ def test_one_sender_two_receivers_get_bit_identical_tensors(pool, shared_memory)
     workers[0].call("setenv", "RFT_WEIGHT_SYNC_SHM", shared_memory)
     workers[0].value()
     try:
-        _join(workers, _info(3))
+        info = _info(3)
+        _join(workers, info)
         _broadcast_and_check(workers, version=1, seed=11)
         _broadcast_and_check(workers, version=2, seed=12)  # the group is reusable
-        files = (
-            [f for f in os.listdir("/dev/shm") if f.startswith("rft-wsync-")]
-            if os.path.isdir("/dev/shm")
-            else []
-        )
-        assert bool(files) == (shared_memory == "1")  # the sender's file, while the group lives
+        shm = f"/dev/shm/rft-wsync-{info.group_name}-{info.master_port}-g{info.generation}"
+        assert os.path.exists(shm) == (shared_memory == "1")  # the sender's file, while the group lives
         _close(workers)
-        assert not [f for f in files if os.path.exists(os.path.join("/dev/shm", f))]  # removed on close
+        assert not os.path.exists(shm)  # removed when the sender closes the group
     finally:
         workers[0].call("setenv", "RFT_WEIGHT_SYNC_SHM", "1")
         workers[0].value()
