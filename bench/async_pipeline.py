@@ -31,28 +31,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "protos"), str(ROOT / "bench")]
 
-from rft_runs import grpo_config, mean_last, run_rft, warm_model  # noqa: E402
+from rft_runs import add_run_args, grpo_config, mean_last, run_plan, run_rft  # noqa: E402
 
 SAMPLES, LAST = 64, 5
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="fewer steps and repetitions (under 3 minutes)")
-    ap.add_argument("--steps", type=int, help="steps per run (default 40, quick 16)")
-    ap.add_argument("--warmup", type=int, help="steps left out of the step time (default 5, quick 4)")
-    ap.add_argument("--reps", type=int, help="runs per offset (default 3, quick 2)")
+    add_run_args(ap, per="offset", warmup_for="the step time")
     ap.add_argument("--max-tokens", type=int, default=32, help="max new tokens per sample")
-    ap.add_argument("--model-dir", type=Path, default=ROOT / "runs" / "bench" / "model",
-                    help="where the warmed-up tiny model is made (reused when present)")  # fmt: skip
     args = ap.parse_args()
-    steps = args.steps or (16 if args.quick else 40)
-    warmup = args.warmup or (4 if args.quick else 5)
-    reps = args.reps or (2 if args.quick else 3)
-
-    model = args.model_dir / "warm"
-    if not (model / "config.json").exists():
-        model = warm_model(args.model_dir)
+    steps, warmup, reps, model = run_plan(args)
     work = Path(tempfile.mkdtemp(prefix="async_pipeline-"))
     runs: dict[int, list[dict[str, float]]] = {0: [], 1: []}
     try:

@@ -45,7 +45,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "protos"), str(ROOT / "bench")]
 
-from rft_runs import DATA, LR, grpo_config, mean_last, run_rft, warm_model  # noqa: E402
+from rft_runs import DATA, LR, add_run_args, grpo_config, mean_last, run_plan, run_rft  # noqa: E402
 
 GROUP, PROMPTS, MAX_TOKENS, TEMPERATURE = 8, 8, 32, 1.0
 SAMPLES = GROUP * PROMPTS
@@ -101,10 +101,7 @@ def rft_figures(config: Path, job_dir: Path, warmup: int, explorers: int) -> dic
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="fewer steps and repetitions (under 3 minutes)")
-    ap.add_argument("--steps", type=int, help="steps per run (default 20, quick 16)")
-    ap.add_argument("--warmup", type=int, help="steps left out of throughput (default 5, quick 4)")
-    ap.add_argument("--reps", type=int, help="runs per side (default 3, quick 2)")
+    add_run_args(ap, per="side", warmup_for="throughput")
     ap.add_argument("--trl-python", type=Path, default=ROOT / ".venv-bench" / "bin" / "python")
     ap.add_argument(
         "--trl-threads",
@@ -114,17 +111,9 @@ def main() -> None:
     )
     ap.add_argument("--explorers", type=int, default=2,
                     help="explorer processes sharing each step's prompts (explorer.split_batch)")  # fmt: skip
-    ap.add_argument("--model-dir", type=Path, default=ROOT / "runs" / "bench" / "model",
-                    help="where the warmed-up tiny model is made (reused when present)")  # fmt: skip
     args = ap.parse_args()
-    steps = args.steps or (16 if args.quick else 40)
-    warmup = args.warmup or (4 if args.quick else 5)
-    reps = args.reps or (2 if args.quick else 3)
-
     python = ensure_trl(args.trl_python)
-    model = args.model_dir / "warm"
-    if not (model / "config.json").exists():
-        model = warm_model(args.model_dir)
+    steps, warmup, reps, model = run_plan(args)
     work = Path(tempfile.mkdtemp(prefix="e2e_vs_trl-"))
     ours: list[dict[str, float]] = []
     base: list[dict[str, float]] = []

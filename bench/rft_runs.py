@@ -15,6 +15,7 @@ the first steps (allocator growth) are out, as they are for the baseline.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
@@ -76,6 +77,27 @@ def warm_model(out_dir: Path, sft_steps: int = 30, lr: float = 1e-3, seed: int =
     model.save_pretrained(warm)
     tok.save_pretrained(warm)
     return warm
+
+
+def add_run_args(ap: argparse.ArgumentParser, per: str, warmup_for: str) -> None:
+    """The options both end-to-end benchmarks take: --quick, --steps, --warmup, --reps, --model-dir."""
+    ap.add_argument("--quick", action="store_true", help="fewer steps and repetitions (under 3 minutes)")
+    ap.add_argument("--steps", type=int, help="steps per run (default 40, quick 16)")
+    ap.add_argument("--warmup", type=int, help=f"steps left out of {warmup_for} (default 5, quick 4)")
+    ap.add_argument("--reps", type=int, help=f"runs per {per} (default 3, quick 2)")
+    ap.add_argument("--model-dir", type=Path, default=ROOT / "runs" / "bench" / "model",
+                    help="where the warmed-up tiny model is made (reused when present)")  # fmt: skip
+
+
+def run_plan(args: argparse.Namespace) -> tuple[int, int, int, Path]:
+    """(steps, warm-up steps, repetitions, warmed-up model folder) from `add_run_args` options."""
+    steps = args.steps or (16 if args.quick else 40)
+    warmup = args.warmup or (4 if args.quick else 5)
+    reps = args.reps or (2 if args.quick else 3)
+    model = args.model_dir / "warm"
+    if not (model / "config.json").exists():
+        model = warm_model(args.model_dir)
+    return steps, warmup, reps, model
 
 
 def grpo_config(
