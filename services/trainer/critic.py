@@ -16,7 +16,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from services.common.modeling import load_model
 from services.trainer.actor import agg_normaliser
 from services.trainer.algorithms import compute_value_loss, masked_mean
 from services.trainer.collate import StepBatch, pack
@@ -24,6 +23,7 @@ from services.trainer.distributed import DistInfo
 from services.trainer.fsdp import clip_grad_norm, reshard_after_inference
 from services.trainer.rowwise import MicroBatching, local_micro_batches, map_rows
 from services.trainer.settings import TrainerSettings
+from services.trainer.varlen_attention import load_packed_model
 
 __all__ = ["Critic", "ValueModel", "load_value_model"]
 
@@ -52,7 +52,7 @@ class ValueModel(nn.Module):
 
 def load_value_model(path: str, dtype: str = "float32", seed: int = 42) -> ValueModel:
     """A `ValueModel` from an HF causal-LM folder (value head initialised from `seed`)."""
-    lm = load_model(path, dtype=dtype)
+    lm = load_packed_model(path, dtype=dtype)
     generator_state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:

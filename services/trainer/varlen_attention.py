@@ -13,7 +13,8 @@ that layout from the position ids and masks attention so each response sees only
 itself, so the prompt is computed once per group instead of once per sample.  Registering the name also means
 transformers builds no mask for it (it is not in `ALL_MASK_ATTENTION_FUNCTIONS`).
 
-`enable(module)` switches a transformers model to it when the model's attention is sdpa or eager.
+`enable(module)` switches a transformers model to it when the model's attention is sdpa or eager;
+`load_packed_model(path, dtype)` loads a model for the trainer (policy, reference, critic body) with it.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import AttentionInterface
 
-__all__ = ["NAME", "enable", "segments", "varlen_sdpa_attention"]
+from services.common.modeling import load_model
+
+__all__ = ["NAME", "enable", "load_packed_model", "segments", "varlen_sdpa_attention"]
 
 NAME = "rft_varlen_sdpa"
 
@@ -194,3 +197,11 @@ def enable(module: nn.Module) -> bool:
         return False
     module.set_attn_implementation(NAME)
     return True
+
+
+def load_packed_model(path: str, dtype: str = "float32") -> nn.Module:
+    """`modeling.load_model`, with this attention where it applies: every model the trainer runs on
+    packed rows is loaded here."""
+    model = load_model(path, dtype=dtype)
+    enable(model)
+    return model

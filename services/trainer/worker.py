@@ -25,8 +25,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from services.common.modeling import load_model, load_tokenizer
-from services.trainer import varlen_attention
+from services.common.modeling import load_tokenizer
 from services.trainer.actor import Actor
 from services.trainer.advantage_stage import make_kl_controller, shape_rewards_and_advantages
 from services.trainer.algorithms import compute_data_metrics
@@ -37,6 +36,7 @@ from services.trainer.distributed import DistInfo
 from services.trainer.fsdp import full_state_dict, shard_model, uses_fsdp
 from services.trainer.optim import build_optimizer, build_scheduler
 from services.trainer.settings import TrainerSettings
+from services.trainer.varlen_attention import load_packed_model
 
 __all__ = ["FSDPWorker"]
 
@@ -57,8 +57,7 @@ class FSDPWorker:
         self.fsdp = uses_fsdp(info) if fsdp is None else fsdp
         torch.manual_seed(settings.seed)
         dtype = "float32"  # master weights; bf16 compute on CUDA comes from the FSDP2 policy
-        policy = load_model(settings.model_path, dtype=dtype)
-        varlen_attention.enable(policy)  # packed rows without a T x T mask (see the module)
+        policy = load_packed_model(settings.model_path, dtype=dtype)
         self.hf_config = policy.config
         self.generation_config = getattr(policy, "generation_config", None)
         self.tokenizer = load_tokenizer(settings.model_path)
@@ -69,8 +68,7 @@ class FSDPWorker:
         self.actor_scheduler = build_scheduler(optim, settings.actor_optim, settings.total_steps)
         self.ref: Actor | None = None
         if settings.use_reference:
-            ref = load_model(settings.model_path, dtype=dtype).to(info.device)
-            varlen_attention.enable(ref)
+            ref = load_packed_model(settings.model_path, dtype=dtype).to(info.device)
             ref.requires_grad_(False)
             self.ref = Actor(shard_model(ref.eval(), info, fsdp=self.fsdp), None, settings, info)
         self.critic: Critic | None = None
