@@ -75,11 +75,12 @@ class HFGenerator:
         device, batch = self.device, len(rows)
         width = max(len(r.prompt) for r in rows)
         ids = torch.full((batch, width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((batch, width), dtype=torch.long)
+        # the lean forward takes a boolean key mask; transformers takes 0/1 integers
+        mask = torch.zeros((batch, width), dtype=torch.bool if self.lean is not None else torch.long)
         for i, r in enumerate(rows):
             if r.prompt:
                 ids[i, width - len(r.prompt) :] = torch.tensor(r.prompt, dtype=torch.long)
-                mask[i, width - len(r.prompt) :] = 1
+                mask[i, width - len(r.prompt) :] = True
         ids, mask = ids.to(device), mask.to(device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
 
@@ -104,7 +105,7 @@ class HFGenerator:
         step_ids, step_pos = ids, positions
         for t in range(max_new):
             if lean is not None:
-                logits = lean.forward(step_ids, step_pos, mask.bool(), cache)
+                logits = lean.forward(step_ids, step_pos, mask, cache)
             else:
                 logits = self.model(
                     input_ids=step_ids,
