@@ -28,6 +28,7 @@ __all__ = [
     "DistInfo",
     "device_for_rank",
     "ensure_process_group",
+    "leave_process_group",
     "free_port",
 ]
 
@@ -83,6 +84,16 @@ def ensure_process_group(timeout_s: float = 1800.0) -> DistInfo:
         backend=dist.get_backend(),
         device=device,
     )
+
+
+def leave_process_group(info: DistInfo) -> None:
+    """Ranks of a multi-process group: destroy it before exiting.
+
+    A gloo group still alive at interpreter exit can abort the process ("terminate called without an
+    active exception") while its threads are torn down; a world of one is left for reuse.
+    """
+    if info.world_size > 1 and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 @dataclasses.dataclass(frozen=True)
