@@ -6,12 +6,16 @@ consecutive ranks in registration order (an explorer with `workers` = 2 after on
 ranks 2 and 3), world size = 1 + all workers. Any change of that membership (an explorer registers,
 stops, fails or is marked LOST) or a failed broadcast starts a new generation: every member tears
 its group down and joins again with the new `GroupInfo` (the transport refuses stale generations).
-Each generation gets a fresh master port (`free_port` on the trainer's host) unless the trainer
-registered a fixed `weight_sync_port`. Tensor specs come from the trainer (`set_specs`).
+Each generation gets a fresh master port unless the trainer registered a fixed `weight_sync_port`:
+one free here when the trainer's host is an address of this machine (`rft run`: every member on
+loopback), else a random one from the ephemeral range, since no port of another host (a container, a
+pod) can be tested from here; one taken there fails the join, and the failed broadcast starts the next
+generation with another port. Tensor specs come from the trainer (`set_specs`).
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -27,9 +31,21 @@ class Assignment:
     ranks: tuple[int, ...]
 
 
+EPHEMERAL_PORTS = (32768, 60999)  # Linux's default ip_local_port_range, where free_port's ports come from
+
+
 def _host(address: str) -> str:
     host = address.rsplit(":", 1)[0] if ":" in address else address
     return host.strip("[]") or "127.0.0.1"
+
+
+def master_port(host: str) -> int:
+    """A port for rank 0's store on `host`: free here when `host` is an address of this machine,
+    else a random ephemeral one (the trainer runs on another host, whose ports cannot be probed)."""
+    try:
+        return free_port("127.0.0.1" if host == "0.0.0.0" else host)
+    except OSError:  # EADDRNOTAVAIL: another host's address (or a name that does not resolve here)
+        return random.SystemRandom().randint(*EPHEMERAL_PORTS)
 
 
 class Rendezvous:
@@ -49,7 +65,7 @@ class Rendezvous:
         trainer = next((m for m in members if m.role == Role.TRAINER and m.alive), None)
         self._address = _host(trainer.address) if trainer else "127.0.0.1"
         fixed_port = trainer.weight_sync_port if trainer else 0
-        self._port = fixed_port or free_port(self._address if self._address != "0.0.0.0" else "127.0.0.1")
+        self._port = fixed_port or master_port(self._address)
         explorers = sorted((m for m in members if m.role == Role.EXPLORER and m.alive), key=lambda m: m.seq)
         self._ranks = {trainer.member_id: (0,)} if trainer else {}
         rank = 1

@@ -1,9 +1,14 @@
 """`python -m services.trainer --config X.yaml` (also `rft serve trainer`), or under
 `torchrun --nproc_per_node N -m services.trainer --config X.yaml`: rank 0 serves gRPC, the other
-ranks follow rank 0's commands."""
+ranks follow rank 0's commands.
+
+Started outside torchrun with `trainer.nproc` N > 1, it replaces itself (same pid, same arguments)
+with `torchrun --standalone --nproc_per_node N`, so one command serves every deployment: a compose
+service, a k8s pod (its GPUs are cuda:0..N-1) or a shell."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Sequence
@@ -14,7 +19,35 @@ from services.common.log import configure_logging
 from services.trainer.service import build, run_worker_rank
 
 
+def torchrun_command(nproc: int, argv: Sequence[str]) -> list[str] | None:
+    """The command that runs this trainer as `nproc` torchrun ranks; None for a single process."""
+    if nproc <= 1:
+        return None
+    head = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    return [*head, "-m", "services.trainer", *argv]
+
+
+def _ranks_wanted(argv: Sequence[str]) -> int:
+    """trainer.nproc of the config (1 when there is none or it does not load: service_main says why)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--config")
+    parser.add_argument("--set", action="append", default=[])
+    args, _ = parser.parse_known_args(argv)
+    if not args.config:
+        return 1
+    try:
+        return load_config(args.config, overrides=args.set).trainer.nproc
+    except ConfigError:
+        return 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "RANK" not in os.environ:  # not a torchrun rank: become torchrun when the config asks for ranks
+        command = torchrun_command(_ranks_wanted(argv), argv)
+        if command is not None:
+            sys.stdout.flush()
+            os.execv(command[0], command)
     if int(os.environ.get("RANK", "0")) == 0:
         return service_main("trainer", build, argv)
     args = parse_args("trainer", argv)

@@ -1,0 +1,356 @@
+"""The compose stack of deploy/ on a real Docker engine: it trains to the end, scales, survives SIGKILLs.
+
+Images are built without any registry by deploy/build_offline.py (cached under ~/.cache/rft-deploy and
+in the engine, so a warm run reuses them). Each scenario brings the stack up from deploy/docker-compose.yml
+as a user would (`up -d --scale explorer=2`), with the shipped deploy/config/run.yaml changed only in
+`trainer.total_steps`, `trainer.save_interval` and `synchronizer.sync_method`:
+
+1. waits for trainer steps with rewards (the trainer starts on its own: `trainer.auto_start`);
+2. scales to 3 explorers mid-run and waits until the new replica's experiences are in a checkpoint's
+   lineage (trained), its metrics file written;
+3. SIGKILLs the trainer's process (and, in the memory scenario, then the buffer's), as the kernel's OOM
+   killer would: `docker kill` counts as a manual stop, after which no restart policy applies, so the
+   test kills the container's main process from the host; the policy restarts it and the run goes on;
+4. waits for the end: the trainer exits 0 after `run finished` (`total_steps reached`) and is not
+   restarted, every explorer exits 0; `rft audit` (run in the synchronizer's container, against the
+   stack's Redis) finds every accepted experience trained once or still in the buffer: 0 lost, 0 twice;
+5. `down -v` leaves no container, network or volume of the project.
+
+`nccl` (gloo on CPU) makes the weights cross container boundaries through the broadcast group: no
+shared /dev/shm, the group's store on the trainer container's address, the explorers on theirs.
+What each scenario saw is written to ~/.cache/rft-deploy/last-<scenario>.json.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.support.docker_engine import CACHE, Engine, ensure_engine
+
+pytestmark = [pytest.mark.deploy, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+IMAGE_TAG = "rft-mesh:deploy-test"
+JOB = "/data/checkpoints/rft-mesh/compose"  # checkpoint_root_dir/project/name of deploy/config/run.yaml
+TOKEN = "deploy-test-token"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    sync_method: str
+    total_steps: int
+    kills: tuple[str, ...]  # services whose main process is SIGKILLed, in order
+
+
+SCENARIOS = {
+    "memory": Scenario("memory", total_steps=300, kills=("trainer", "buffer")),
+    "nccl": Scenario("nccl", total_steps=300, kills=("trainer",)),
+}
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float, describe: Callable[[], str]) -> Any:
+    """Poll `check` until it returns something truthy; fail with the stack's state after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g}s waiting for {what}\n{describe()}")
+        time.sleep(0.5)  # ok-sleep: polling with a deadline
+
+
+@dataclass
+class Stack:
+    """One compose project of deploy/docker-compose.yml, driven as a user would."""
+
+    engine: Engine
+    project: str
+    env_file: Path
+    env: dict[str, str]
+    seen: dict[str, Any] = field(default_factory=dict)
+
+    def compose(self, *args: str, timeout: float = 300) -> str:
+        cmd = [*self.engine.compose, "--env-file", str(self.env_file), "-p", self.project,
+               "-f", str(DEPLOY / "docker-compose.yml"), *args]  # fmt: skip
+        # variables of this shell would override the env file: the stack sees only the file's
+        environ = {k: v for k, v in os.environ.items() if k not in self.env}
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=environ)
+        if done.returncode != 0:
+            pytest.fail(f"`{' '.join(cmd[-len(args) - 1 :])}` failed: {done.stdout}{done.stderr}")
+        return done.stdout
+
+    def containers(self, service: str | None = None) -> list[str]:
+        filters = ["--filter", f"label=com.docker.compose.project={self.project}"]
+        if service:
+            filters += ["--filter", f"label=com.docker.compose.service={service}"]
+        out = subprocess.run(["docker", "ps", "-aq", "--no-trunc", *filters], capture_output=True, text=True)
+        return out.stdout.split()
+
+    def inspect(self, cid: str) -> dict[str, Any]:
+        out = subprocess.run(["docker", "inspect", cid], capture_output=True, text=True)
+        return json.loads(out.stdout)[0] if out.returncode == 0 else {}
+
+    def one(self, service: str) -> str:
+        (cid,) = self.containers(service)
+        return cid
+
+    def state(self, service: str) -> tuple[str, int, int]:
+        """(status, exit code, restart count) of a single-container service."""
+        info = self.inspect(self.one(service))
+        return info["State"]["Status"], info["State"]["ExitCode"], info["RestartCount"]
+
+    def logs(self, cid: str, tail: int | None = None) -> str:
+        cmd = ["docker", "logs", *(["--tail", str(tail)] if tail else []), cid]
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        return out.stdout + out.stderr
+
+    def job_dir(self) -> Path:
+        out = subprocess.run(
+            ["docker", "volume", "inspect", "-f", "{{.Mountpoint}}", f"{self.project}_rft-data"],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        return Path(out.stdout.strip()) / JOB.removeprefix("/data/")
+
+    def trainer_rows(self) -> list[dict[str, Any]]:
+        path = self.job_dir() / "metrics" / "trainer.jsonl"
+        rows = []
+        with contextlib.suppress(FileNotFoundError):
+            for line in path.read_text().splitlines():
+                with contextlib.suppress(json.JSONDecodeError):  # a line being written
+                    rows.append(json.loads(line))
+        return rows
+
+    def max_step(self) -> int:
+        return max((int(r.get("step", 0)) for r in self.trainer_rows()), default=0)
+
+    def lineage_explorers(self) -> set[str]:
+        """Explorer ids whose experiences the latest durable checkpoint's lineage holds."""
+        job = self.job_dir()
+        marker = job / "latest_checkpointed_iteration.txt"
+        step = marker.read_text().strip() if marker.is_file() else ""
+        path = job / f"global_step_{step}" / "lineage.jsonl"
+        if not step.isdigit() or not path.is_file():
+            return set()
+        ids = set()
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                ids |= {uid.split("/", 1)[0] for uid in json.loads(line)["uids"]}
+        return ids
+
+    def explorer_ids(self) -> dict[str, str]:
+        """container id -> explorer id (`explorer-<hostname>`, as the compose command sets it)."""
+        return {
+            cid: f"explorer-{self.inspect(cid)['Config']['Hostname']}" for cid in self.containers("explorer")
+        }
+
+    def sigkill(self, service: str) -> None:
+        """SIGKILL the container's main process from the host (a crash: its restart policy applies)."""
+        pid = self.inspect(self.one(service))["State"]["Pid"]
+        assert pid > 0, f"{service} is not running"
+        os.kill(pid, signal.SIGKILL)
+
+    def describe(self) -> str:
+        parts = [f"seen so far: {json.dumps(self.seen)}", f"trainer step: {self.max_step()}"]
+        for cid in self.containers():
+            info = self.inspect(cid)
+            state = info.get("State", {})
+            parts.append(
+                f"--- {info.get('Name')} {state.get('Status')} exit={state.get('ExitCode')} "
+                f"restarts={info.get('RestartCount')}\n{self.logs(cid, tail=25)[-4000:]}"
+            )
+        return "\n".join(parts)
+
+    def leftovers(self) -> dict[str, list[str]]:
+        label = f"label=com.docker.compose.project={self.project}"
+        found = {}
+        for kind, cmd in {
+            "containers": ["docker", "ps", "-aq", "--filter", label],
+            "networks": ["docker", "network", "ls", "-q", "--filter", label],
+            "volumes": ["docker", "volume", "ls", "-q", "--filter", label],
+            "volumes by name": ["docker", "volume", "ls", "-q", "--filter", f"name={self.project}_"],
+        }.items():
+            found[kind] = subprocess.run(cmd, capture_output=True, text=True).stdout.split()
+        return {k: v for k, v in found.items() if v}
+
+
+@pytest.fixture(scope="module")
+def engine():
+    if not sys.platform.startswith("linux") or os.geteuid() != 0:
+        pytest.skip(
+            "!!! the deploy test needs Linux and root (it installs the engine, SIGKILLs containers' "
+            "processes from the host and reads the stack's volume): the deploy test is SKIPPED"
+        )
+    eng = ensure_engine()
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def images(engine) -> dict[str, str]:
+    """The project and Redis images, built without a registry (cached between runs)."""
+    start = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, str(DEPLOY / "build_offline.py"), "--tag", IMAGE_TAG],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, f"deploy/build_offline.py failed:\n{done.stderr[-6000:]}"
+    env = dict(line.split("=", 1) for line in done.stdout.split())
+    env["build_s"] = f"{time.monotonic() - start:.0f}"
+    print(done.stderr, file=sys.stderr)
+    return env
+
+
+def _stack(engine: Engine, images: dict[str, str], scenario: Scenario, tmp: Path) -> Stack:
+    config = yaml.safe_load((DEPLOY / "config" / "run.yaml").read_text())
+    assert config["trainer"].get("auto_start") is True, "the shipped run config must start the trainer"
+    config["trainer"].update(total_steps=scenario.total_steps, save_interval=10)
+    config["synchronizer"]["sync_method"] = scenario.sync_method
+    (tmp / "run.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    names = ("BUFFER_PORT", "EXPLORER_PORT", "TRAINER_PORT", "SYNCHRONIZER_PORT")
+    ports = dict(zip(names, _free_ports(4), strict=True))
+    env = {
+        "RFT_AUTH_TOKEN": TOKEN,
+        **{k: str(v) for k, v in ports.items()},
+        "PUBLISH_HOST": "127.0.0.1",
+        "RFT_IMAGE": images["RFT_IMAGE"],
+        "REDIS_IMAGE": images["REDIS_IMAGE"],
+        "RFT_RUN_CONFIG": str(tmp / "run.yaml"),
+        "OMP_NUM_THREADS": "1",
+    }
+    env_file = tmp / "stack.env"
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in env.items()))
+    return Stack(engine, f"rftdeploytest{scenario.sync_method}", env_file, env)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name", list(SCENARIOS))
+def test_compose_stack_trains_scales_and_survives_kills(engine, images, name, tmp_path):
+    scenario = SCENARIOS[name]
+    stack = _stack(engine, images, scenario, tmp_path)
+    seen = stack.seen
+    seen.update(scenario=name, sync_method=scenario.sync_method, total_steps=scenario.total_steps,
+                image_build_s=float(images["build_s"]))  # fmt: skip
+    start = time.monotonic()
+    stack.compose("down", "-v", "--remove-orphans")  # what a crashed earlier run may have left
+    try:
+        _run_scenario(stack, scenario, seen)
+    finally:
+        stack.compose("down", "-v", "--remove-orphans")
+    left = stack.leftovers()
+    seen["wall_s"] = round(time.monotonic() - start)
+    (CACHE / f"last-{name}.json").write_text(json.dumps(seen, indent=1))
+    assert not left, f"`down -v` left {left}"
+
+
+def _run_scenario(stack: Stack, scenario: Scenario, seen: dict[str, Any]) -> None:
+    t0 = time.monotonic()
+    stack.compose("up", "-d", "--scale", "explorer=2")
+    seen["up_s"] = round(time.monotonic() - t0)
+
+    # 1. trainer steps with rewards
+    def rewarded() -> list[dict[str, Any]]:
+        rows = [r for r in stack.trainer_rows() if math.isfinite(r.get("critic/rewards/mean", math.nan))]
+        return rows if len(rows) >= 3 else []
+
+    rows = wait_for("3 trainer steps with rewards", rewarded, 300, stack.describe)
+    seen["first_steps_s"] = round(time.monotonic() - t0)
+    seen["first_rewards"] = [round(r["critic/rewards/mean"], 4) for r in rows[:3]]
+
+    # 2. a third explorer joins mid-run and its experiences are trained
+    before = stack.explorer_ids()
+    assert len(before) == 2, before
+    stack.compose("up", "-d", "--no-deps", "--no-recreate", "--scale", "explorer=3", "explorer")
+    new = {cid: eid for cid, eid in stack.explorer_ids().items() if cid not in before}
+    assert len(new) == 1, new
+    (new_id,) = new.values()
+    seen["scaled_at_step"] = stack.max_step()
+    wait_for(f"{new_id}'s experiences in a checkpoint's lineage",
+             lambda: new_id in stack.lineage_explorers(), 240, stack.describe)  # fmt: skip
+    seen["new_replica_trained_at_step"] = stack.max_step()
+    assert (stack.job_dir() / "metrics" / f"explorer_{new_id}.jsonl").is_file()
+
+    # 3. SIGKILL the trainer (then the buffer): each is restarted by its policy and the run goes on
+    for service in scenario.kills:
+        step = stack.max_step()
+        assert step < scenario.total_steps, f"the run ended before {service} was killed: raise total_steps"
+        _, _, restarts = stack.state(service)
+        stack.sigkill(service)
+        wait_for(f"{service} restarted by its policy after SIGKILL",
+                 lambda s=service, r=restarts: stack.state(s)[2] > r and stack.state(s)[0] == "running",
+                 120, stack.describe)  # fmt: skip
+        wait_for(f"trainer steps past {step + 5} after {service} was killed",
+                 lambda s=step: stack.max_step() > s + 5, 240, stack.describe)  # fmt: skip
+        seen[f"{service}_killed_at_step"] = step
+
+    # 4. the end: the trainer finishes and stays down, every explorer exits 0
+    wait_for("the trainer to finish", lambda: stack.state("trainer")[0] == "exited", 420, stack.describe)
+    explorers = stack.containers("explorer")
+    wait_for("every explorer to exit",
+             lambda: all(stack.inspect(c)["State"]["Status"] == "exited" for c in explorers),
+             180, stack.describe)  # fmt: skip
+    status, code, restarts = stack.state("trainer")
+    assert (status, code) == ("exited", 0), stack.describe()
+    assert restarts == scenario.kills.count("trainer"), "the finished trainer was restarted"
+    codes = {stack.explorer_ids()[c]: stack.inspect(c)["State"]["ExitCode"] for c in explorers}
+    assert set(codes.values()) == {0}, codes
+    finished = [
+        json.loads(line) for line in stack.logs(stack.one("trainer")).splitlines()
+        if '"run finished"' in line and line.startswith("{")
+    ]  # fmt: skip
+    assert finished and finished[-1]["reason"] == "total_steps reached", stack.describe()
+    assert finished[-1]["step"] == scenario.total_steps
+    seen.update(
+        explorers=sorted(codes), explorer_exit_codes=sorted(codes.values()),
+        restarts={s: stack.state(s)[2] for s in ("trainer", "buffer", "synchronizer", "redis")},
+        final_step=finished[-1]["step"], last_reward=round(stack.trainer_rows()[-1]["critic/rewards/mean"], 4),
+    )  # fmt: skip
+    assert new_id in stack.lineage_explorers()
+    if scenario.sync_method == "nccl":  # the weights crossed the containers through the broadcast group
+        joins = {
+            stack.explorer_ids()[c]: stack.logs(c).count('"joined weight-sync group"') for c in explorers
+        }
+        loads = {stack.explorer_ids()[c]: stack.logs(c).count('"weights loaded"') for c in explorers}
+        seen.update(group_joins=joins, weight_loads=loads)
+        assert all(joins.values()) and all(loads.values()), (joins, loads)
+
+    # exactly once: the buffer's accepted log against the final checkpoint's lineage
+    audit = subprocess.run(
+        ["docker", "exec", stack.one("synchronizer"), "rft", "audit", JOB, "--redis-url", "redis://redis:6379/0",
+         "--json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    report = json.loads(audit.stdout)
+    seen["audit"] = report
+    assert report["steps"] == scenario.total_steps, report
+    assert (report["trained_twice"], report["lost"], report["unknown"]) == (0, 0, 0), report
+    assert report["produced"] == report["trained_once"] + report["remaining"] and report["ok"], report
+    assert audit.returncode == 0, audit.stderr
+    seen["run_s"] = round(time.monotonic() - t0)
