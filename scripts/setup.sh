@@ -45,6 +45,18 @@ if ! command -v redis-server >/dev/null 2>&1; then
     echo "[setup] WARNING: no apt-get; install redis-server yourself (Redis-store tests need it)" >&2
   fi
 fi
+# kubectl, for the offline checks of the Kubernetes manifests (render + `kubectl apply --dry-run=client -k`;
+# tests/unit/deploy/test_deploy_k8s.py skips them loudly without it). Debian's kubernetes-client is enough:
+# no cluster is involved. Not fatal where the package does not exist.
+if ! command -v kubectl >/dev/null 2>&1; then
+  echo "[setup] installing kubectl (kubernetes-client)"
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1 && SUDO=sudo
+  if ! { command -v apt-get >/dev/null 2>&1 && $SUDO apt-get update -qq \
+      && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq kubernetes-client >/dev/null; }; then
+    echo "[setup] WARNING: could not install kubernetes-client; install kubectl yourself (the k8s manifest checks need it)" >&2
+  fi
+fi
 # The Node.js example client (examples/clients/node): its pinned dependencies, when npm is here and they are
 # missing or older than the lock file (its integration test skips loudly without them).
 NODE_CLIENT=examples/clients/node

@@ -55,6 +55,10 @@ def config_show(file: Path, set_: SetOpt = None) -> None:
         "max_model_len": r.max_model_len,
         "max_token_len_per_gpu": r.max_token_len_per_gpu,
         "gpu_split": r.gpu_split,
+        "gpu_placement": {
+            "explorer": list(r.gpu_placement.explorers[0]) if r.gpu_placement.explorers else [],
+            "trainer": list(r.gpu_placement.trainer),
+        },
         "job_dir": str(r.job_dir),
         "explorer_run_name": r.explorer_run_name,
         "trainer_run_name": r.trainer_run_name,
@@ -76,6 +80,32 @@ def run_cmd(
     from services.launch import run
 
     raise typer.Exit(run(config, set_ or [], explorers=explorers))
+
+
+@app.command("audit")
+def audit_cmd(
+    job_dir: Path,
+    redis_url: Annotated[
+        str | None, typer.Option(help="the buffer's Redis (default: from JOB_DIR/config.yaml)")
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+) -> None:
+    """Compare what the buffer accepted with the lineage of JOB_DIR's last checkpoint: produced, trained
+    once, trained twice, lost, remaining. Exit 0 when nothing is lost or trained twice, 1 otherwise."""
+    import json
+
+    from services.launch.audit import audit_job
+
+    if not job_dir.is_dir():
+        typer.echo(f"{job_dir}: no such job folder", err=True)
+        raise typer.Exit(2)
+    result = audit_job(job_dir, redis_url)
+    if json_out:
+        typer.echo(json.dumps(result.as_dict()))
+    else:
+        for key, value in result.as_dict().items():
+            typer.echo(f"{key:>14}: {'unknown (memory store)' if value is None else value}")
+    raise typer.Exit(0 if result.ok else 1)
 
 
 @app.command("make-tiny-model")

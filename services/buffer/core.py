@@ -5,6 +5,10 @@ or wait until trainers ack), and serves `get_batch` by asking the store for a fu
 until `timeout_ms` runs out, then for whatever is there (`partial`). Waiters wake on any change made in
 this process and poll the store every `poll_interval_s` for changes made elsewhere (another replica,
 lease expiry), so the wait is bounded by the deadline, never by a sleep.
+
+Consumer groups are declared (`CoreSettings.consumer_groups`, from `services.buffer.consumer_groups`)
+and created by `start`; a call naming any other group is refused, so a stray name never makes a group
+that would hold every experience back from retention. The empty name means `default`.
 """
 
 from __future__ import annotations
@@ -20,15 +24,34 @@ from services.buffer.records import (
     BufferFull,
     LeaseOutcome,
     LeaseRequest,
+    OpenOutcome,
     PutOutcome,
     StoreStats,
     ValidationError,
     group_records,
 )
-from services.buffer.store import Store
+from services.buffer.store import DEFAULT_CONSUMER_GROUP, Store
 from services.buffer.validation import Limits, validate_batch
 
-DEFAULT_CONSUMER_GROUP = "default"
+# Upper bound of GetBatch's `min_model_version`; see `check_min_model_version`.
+MAX_MIN_MODEL_VERSION = 1 << 31
+
+
+def check_min_model_version(value: int) -> None:
+    """Refuse a `min_model_version` below 0 or above `MAX_MIN_MODEL_VERSION` (2^31).
+
+    Every stored group older than `min_model_version` is dropped for good, so an absurd value (a
+    bug, an unset int64 read as -1 and cast, 2^62) silently empties the backlog. A bound relative to the
+    stored data (the newest stored version + a margin) looks tighter but is wrong: the buffer does not
+    know the trainer's current version, and right after a weight sync a trainer legitimately asks for
+    versions no stored experience has yet (dropping the older ones is the staleness policy working).
+    Model versions count weight syncs, so 2^31 is out of reach of any real run while still catching
+    garbage."""
+    if not 0 <= value <= MAX_MIN_MODEL_VERSION:
+        raise ValidationError(
+            "min_model_version",
+            f"{value} is out of range [0, {MAX_MIN_MODEL_VERSION}] (0 = no staleness bound)",
+        )
 
 
 @dataclass
@@ -50,6 +73,7 @@ class CoreSettings:
     max_read_timeout_s: float = 1800.0
     poll_interval_s: float = 0.05
     limits: Limits = field(default_factory=Limits)
+    consumer_groups: tuple[str, ...] = (DEFAULT_CONSUMER_GROUP,)
 
 
 class BufferCore:
@@ -59,10 +83,21 @@ class BufferCore:
         self.store = store
         self.settings = settings or CoreSettings()
         self._changed = asyncio.Event()
-        self.consumer_groups: set[str] = {DEFAULT_CONSUMER_GROUP}
+        self.consumer_groups: tuple[str, ...] = tuple(self.settings.consumer_groups)
 
     async def start(self) -> None:
-        await self.store.start()
+        await self.store.start(self.consumer_groups)
+
+    def _group(self, consumer_group: str) -> str:
+        """The declared group a request names ("" = default); `ValidationError` for any other name."""
+        group = consumer_group or DEFAULT_CONSUMER_GROUP
+        if group not in self.consumer_groups:
+            raise ValidationError(
+                "consumer_group",
+                f"{group!r} is not declared; the declared consumer groups are "
+                f"{', '.join(self.consumer_groups)} (services.buffer.consumer_groups)",
+            )
+        return group
 
     async def close(self) -> None:
         self._notify()
@@ -127,6 +162,7 @@ class BufferCore:
         consumer: str = "",
         min_model_version: int = 0,
         lease_ms: int = 0,
+        epoch: int = 0,
     ) -> Batch:
         if size <= 0:
             raise ValidationError("size", f"{size} must be > 0")
@@ -134,8 +170,10 @@ class BufferCore:
             raise ValidationError("timeout_ms", f"{timeout_ms} must be >= 0")
         if lease_ms < 0:
             raise ValidationError("lease_ms", f"{lease_ms} must be >= 0 (0 = server default)")
-        group = consumer_group or DEFAULT_CONSUMER_GROUP
-        self.consumer_groups.add(group)
+        if epoch < 0:
+            raise ValidationError("epoch", f"{epoch} must be >= 0 (0 = unfenced)")
+        check_min_model_version(min_model_version)
+        group = self._group(consumer_group)
         wait_s = min(timeout_ms / 1000.0, self.settings.max_read_timeout_s)
         deadline = time.monotonic() + wait_s
         dropped = 0
@@ -149,6 +187,7 @@ class BufferCore:
                 min_model_version=min_model_version,
                 lease_ms=lease_ms or self.settings.lease_ms,
                 allow_partial=remaining <= 0,
+                epoch=epoch,
             )
             outcome: LeaseOutcome = await self.store.lease(request)
             dropped += outcome.dropped_stale
@@ -169,19 +208,40 @@ class BufferCore:
                 )
             await self._wait_change(event, remaining)
 
-    async def ack(self, lease_id: str, consumer_group: str = "") -> int:
+    async def ack(self, lease_id: str, consumer_group: str = "", epoch: int = 0, consumer: str = "") -> int:
         if not lease_id:
             raise ValidationError("lease_id", "empty")
-        n = await self.store.ack(consumer_group or DEFAULT_CONSUMER_GROUP, lease_id)
+        n = await self.store.ack(self._group(consumer_group), lease_id, epoch, consumer)
         self._notify()
         return n
 
-    async def nack(self, lease_id: str, consumer_group: str = "") -> int:
+    async def nack(self, lease_id: str, consumer_group: str = "", epoch: int = 0, consumer: str = "") -> int:
         if not lease_id:
             raise ValidationError("lease_id", "empty")
-        n = await self.store.nack(consumer_group or DEFAULT_CONSUMER_GROUP, lease_id)
+        n = await self.store.nack(self._group(consumer_group), lease_id, epoch, consumer)
         self._notify()
         return n
+
+    async def open_consumer(
+        self,
+        consumer_group: str = "",
+        consumer: str = "",
+        ack_lease_ids: list[str] | tuple[str, ...] = (),
+        keep_lease_ids: list[str] | tuple[str, ...] = (),
+    ) -> OpenOutcome:
+        """A consumer (re)starts: see `Store.open_consumer`."""
+        if not consumer:
+            raise ValidationError("consumer", "empty: a fenced consumer needs a stable name")
+        for name, ids in (("ack_lease_ids", ack_lease_ids), ("keep_lease_ids", keep_lease_ids)):
+            if any(not lid for lid in ids):
+                raise ValidationError(name, "contains an empty lease id")
+        if set(ack_lease_ids) & set(keep_lease_ids):
+            raise ValidationError("keep_lease_ids", "names a lease that ack_lease_ids acks")
+        outcome = await self.store.open_consumer(
+            self._group(consumer_group), consumer, list(ack_lease_ids), list(keep_lease_ids)
+        )
+        self._notify()
+        return outcome
 
     async def stats(self, consumer_group: str = "") -> StoreStats:
-        return await self.store.stats(consumer_group or DEFAULT_CONSUMER_GROUP)
+        return await self.store.stats(self._group(consumer_group))

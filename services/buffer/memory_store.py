@@ -14,23 +14,28 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from services.buffer.records import (
+    ConsumerNotOpen,
+    FencedError,
     GroupRecord,
     LeaseError,
     LeaseOutcome,
     LeaseRequest,
+    OpenOutcome,
     PutOutcome,
     StoreStats,
     add_versions,
     admit,
 )
-from services.buffer.store import STORES
+from services.buffer.store import DEFAULT_CONSUMER_GROUP, STORES
 
 
 @dataclass
 class _Lease:
     seqs: list[int]
     n: int
-    deadline_ms: int
+    deadline_ms: int  # 0: fenced (taken with an epoch), never expires
+    consumer: str = ""
+    epoch: int = 0
 
 
 @dataclass
@@ -38,6 +43,7 @@ class _GroupState:
     cursor: int
     requeue: deque[int] = field(default_factory=deque)
     leases: dict[str, _Lease] = field(default_factory=dict)
+    epochs: dict[str, int] = field(default_factory=dict)
     pending_n: int = 0
     acked: int = 0
     dropped_stale: int = 0
@@ -70,9 +76,11 @@ class MemoryStore:
         self._versions: dict[int, int] = {}
         self._accepted = 0
         self._rejected = 0
+        self.accepted_log: list[str] = []  # uid of every accepted experience (lineage audits)
 
-    async def start(self) -> None:
-        return None
+    async def start(self, consumer_groups: Sequence[str] = (DEFAULT_CONSUMER_GROUP,)) -> None:
+        for name in consumer_groups:
+            self._group(name, create=True)
 
     async def close(self) -> None:
         return None
@@ -94,6 +102,7 @@ class MemoryStore:
             self._entries[self._next_seq] = record
             self._next_seq += 1
             add_versions(self._versions, record.versions.items())
+            self.accepted_log.extend(record.uids)
         if producer and sequence:
             self._producers[producer] = sequence
         self._size += total
@@ -101,7 +110,8 @@ class MemoryStore:
         return PutOutcome(stored=total)
 
     def _group(self, name: str, create: bool = False) -> _GroupState:
-        """The consumer group's state; only a lease creates a group (Stats/Ack of a name do not)."""
+        """The consumer group's state. `start` creates the declared groups (the core refuses any other
+        name before it reaches the store); Stats/Ack of an unknown name create nothing."""
         state = self._groups.get(name)
         if state is None:
             # Like XGROUP CREATE ... 0: a new consumer group sees every record still stored.
@@ -112,7 +122,8 @@ class MemoryStore:
 
     def _expire(self, state: _GroupState) -> None:
         now = self._clock_ms()
-        for lease_id in [lid for lid, lease in state.leases.items() if lease.deadline_ms <= now]:
+        due = [lid for lid, lease in state.leases.items() if 0 < lease.deadline_ms <= now]
+        for lease_id in due:
             lease = state.leases.pop(lease_id)
             state.requeue.extend(lease.seqs)
             state.pending_n -= lease.n
@@ -135,8 +146,57 @@ class MemoryStore:
             if seq in self._entries:
                 yield seq, False
 
+    def _check_epoch(
+        self, state: _GroupState, group: str, consumer: str, epoch: int, must_be_open: bool = True
+    ) -> None:
+        """Refuse a stale epoch (FencedError); with `must_be_open`, also one never handed out here."""
+        if not epoch:
+            return
+        current = state.epochs.get(consumer, 0)
+        if current == 0 and must_be_open:
+            raise ConsumerNotOpen(
+                f"consumer {consumer!r} of group {group!r} has no epoch {epoch} here; call OpenConsumer"
+            )
+        if current not in (0, epoch):
+            raise FencedError(
+                f"consumer {consumer!r} of group {group!r}: epoch {epoch} is stale; a newer consumer took over"
+            )
+
+    async def open_consumer(
+        self,
+        consumer_group: str,
+        consumer: str,
+        ack_lease_ids: Sequence[str],
+        keep_lease_ids: Sequence[str] = (),
+    ) -> OpenOutcome:
+        state = self._group(consumer_group, create=True)
+        self._expire(state)
+        epoch = state.epochs.get(consumer, 0) + 1
+        state.epochs[consumer] = epoch
+        wanted, acked, released, back = set(ack_lease_ids), 0, 0, []
+        keep = set(keep_lease_ids)
+        for lease_id, lease in list(state.leases.items()):
+            if lease.consumer != consumer:
+                continue
+            if lease_id in keep:
+                lease.epoch = epoch
+                continue
+            del state.leases[lease_id]
+            state.pending_n -= lease.n
+            if lease_id in wanted:
+                for seq in lease.seqs:
+                    self._finish(consumer_group, seq)
+                state.acked += lease.n
+                acked += lease.n
+            else:
+                back.extend(lease.seqs)
+                released += lease.n
+        state.requeue.extendleft(reversed(sorted(back)))
+        return OpenOutcome(epoch=epoch, acked=acked, released=released)
+
     async def lease(self, request: LeaseRequest) -> LeaseOutcome:
         state = self._group(request.consumer_group, create=True)
+        self._check_epoch(state, request.consumer_group, request.consumer or "trainer", request.epoch)
         self._expire(state)
         taken: list[tuple[int, bool]] = []
         stale: list[tuple[int, bool]] = []
@@ -172,9 +232,15 @@ class MemoryStore:
         redelivered = sum(self._entries[seq].n for seq, redelivery in taken if redelivery)
         state.redelivered += redelivered
         lease_id = uuid.uuid4().hex
-        deadline = self._clock_ms() + request.lease_ms
+        deadline = 0 if request.epoch else self._clock_ms() + request.lease_ms
         seqs = [seq for seq, _ in taken]
-        state.leases[lease_id] = _Lease(seqs=seqs, n=total, deadline_ms=deadline)
+        state.leases[lease_id] = _Lease(
+            seqs=seqs,
+            n=total,
+            deadline_ms=deadline,
+            consumer=request.consumer or "trainer",
+            epoch=request.epoch,
+        )
         state.pending_n += total
         return LeaseOutcome(
             committed=True,
@@ -186,9 +252,19 @@ class MemoryStore:
             redelivered=redelivered,
         )
 
-    def _take_lease(self, consumer_group: str, lease_id: str) -> tuple[_GroupState, _Lease]:
+    def _take_lease(
+        self, consumer_group: str, lease_id: str, epoch: int, consumer: str
+    ) -> tuple[_GroupState, _Lease]:
         state = self._group(consumer_group)
         self._expire(state)
+        if consumer:  # a lease already given back still fences its stale holder
+            self._check_epoch(state, consumer_group, consumer, epoch, must_be_open=False)
+        held = state.leases.get(lease_id)
+        if held is not None and held.epoch != epoch:
+            raise FencedError(
+                f"lease {lease_id!r} of consumer group {consumer_group!r} was not taken with epoch {epoch}: "
+                "a newer consumer took it over"
+            )
         lease = state.leases.pop(lease_id, None)
         if lease is None:
             raise LeaseError(
@@ -198,11 +274,11 @@ class MemoryStore:
         state.pending_n -= lease.n
         return state, lease
 
-    async def ack(self, consumer_group: str, lease_id: str) -> int:
+    async def ack(self, consumer_group: str, lease_id: str, epoch: int = 0, consumer: str = "") -> int:
         done = self._acked.get((consumer_group, lease_id))
         if done is not None:  # a retried Ack whose reply was lost
             return done
-        state, lease = self._take_lease(consumer_group, lease_id)
+        state, lease = self._take_lease(consumer_group, lease_id, epoch, consumer)
         self._acked[(consumer_group, lease_id)] = lease.n
         while len(self._acked) > ACKED_MEMORY:
             self._acked.popitem(last=False)
@@ -211,10 +287,13 @@ class MemoryStore:
         state.acked += lease.n
         return lease.n
 
-    async def nack(self, consumer_group: str, lease_id: str) -> int:
-        state, lease = self._take_lease(consumer_group, lease_id)
+    async def nack(self, consumer_group: str, lease_id: str, epoch: int = 0, consumer: str = "") -> int:
+        state, lease = self._take_lease(consumer_group, lease_id, epoch, consumer)
         state.requeue.extendleft(reversed(lease.seqs))
         return lease.n
+
+    async def accepted_uids(self, start: int = 0, count: int = -1) -> list[str]:
+        return self.accepted_log[start:] if count < 0 else self.accepted_log[start : start + count]
 
     async def count_rejected(self, n: int) -> None:
         self._rejected += n

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 from rft.v1 import experience_pb2
 
+from services.common.lineage import experience_uid
+
 # Tag of `repeated Experience experiences = 2` in GetBatchResponse (field 2, wire type 2).
 EXPERIENCE_TAG = b"\x12"
 
@@ -35,6 +37,15 @@ class BufferFull(BufferError):
 
 class LeaseError(BufferError):
     """Ack/Nack of a lease that is unknown, already acked, or expired (its batch was redelivered)."""
+
+
+class FencedError(BufferError):
+    """A call carries an epoch older than its consumer's current one: a newer consumer took over."""
+
+
+class ConsumerNotOpen(BufferError):
+    """A call carries an epoch the store has never handed out (e.g. a memory store that restarted):
+    the consumer must call OpenConsumer again."""
 
 
 def _varint(value: int) -> bytes:
@@ -133,6 +144,8 @@ class GroupRecord:
     n: int
     payload: bytes
     versions: Mapping[int, int]
+    # `experience_uid` of each member, recorded in the store's accepted log (lineage audits).
+    uids: tuple[str, ...] = ()
 
     @property
     def min_version(self) -> int:
@@ -182,6 +195,7 @@ def group_records(
                 n=len(indices),
                 payload=b"".join(encode_member(source[i]) for i in indices),
                 versions=versions,
+                uids=tuple(experience_uid(experiences[i].eid) for i in indices),
             )
         )
     return records
@@ -196,6 +210,8 @@ class LeaseRequest:
     lease_ms: int
     # At the end of the wait: lease whatever is there. Otherwise lease only a full batch.
     allow_partial: bool
+    # The consumer's epoch (OpenConsumer); 0 = unfenced, the lease expires after `lease_ms`.
+    epoch: int = 0
 
 
 @dataclass
@@ -214,6 +230,13 @@ class LeaseOutcome:
     dropped_stale: int = 0
     redelivered: int = 0
     available: int = 0
+
+
+@dataclass(frozen=True)
+class OpenOutcome:
+    epoch: int
+    acked: int = 0  # experiences acked from the named leases
+    released: int = 0  # experiences of the consumer's other leases, queued for redelivery
 
 
 @dataclass(frozen=True)

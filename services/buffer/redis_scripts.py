@@ -6,8 +6,10 @@ Layout (P = stream prefix, G = consumer group):
   P:meta            hash: size (live experiences), accepted, rejected
   P:versions        hash: model_version -> live experiences
   P:producers       hash: producer_id -> last stored sequence (idempotent puts)
-  P:g:G:leases      hash: lease_id -> "deadline\\nn\\nid n vc\\n..."
-  P:g:G:deadlines   zset: lease_id scored by deadline (ms, Redis clock)
+  P:accepted        list: uid of every accepted experience, in order (the accepted log of lineage audits)
+  P:g:G:leases      hash: lease_id -> "deadline\\nn\\nepoch\\nconsumer\\nid n vc\\n..." (deadline 0: no expiry)
+  P:g:G:deadlines   zset: lease_id scored by deadline (ms, Redis clock); fenced leases are not in it
+  P:g:G:epochs      hash: consumer -> epoch (fencing token handed out by OPEN)
   P:g:G:requeue     list: "id n vc" of groups to redeliver (nacked, expired, or orphaned)
   P:g:G:stats       hash: acked, dropped_stale, redelivered, pending_n
   P:g:G:acked:L     string with expiry: lease L was acked (n), so a retried Ack is answered again
@@ -18,10 +20,11 @@ capacity.
 
 from __future__ import annotations
 
-# KEYS of group scripts: stream, meta, versions, leases, deadlines, requeue, gstats. ARGV[1] = group.
+# KEYS of group scripts: stream, meta, versions, leases, deadlines, requeue, gstats, epochs.
+# ARGV[1] = group.
 COMMON = r"""
 local stream, meta, versions = KEYS[1], KEYS[2], KEYS[3]
-local leases, deadlines, requeue, gstats = KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local leases, deadlines, requeue, gstats, epochs = KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local group = ARGV[1]
 
 local function now_ms()
@@ -34,12 +37,22 @@ local function parse_item(s)
   return {id, tonumber(cnt), vc}
 end
 
+-- deadline, n, items, epoch, consumer
 local function parse_lease(rec)
   local lines = {}
   for line in string.gmatch(rec, '[^\n]+') do lines[#lines + 1] = line end
   local items = {}
-  for i = 3, #lines do items[#items + 1] = parse_item(lines[i]) end
-  return tonumber(lines[1]), tonumber(lines[2]), items
+  for i = 5, #lines do items[#items + 1] = parse_item(lines[i]) end
+  return tonumber(lines[1]), tonumber(lines[2]), items, tonumber(lines[3]), lines[4]
+end
+
+-- 0 when `epoch` is current for `consumer` (or unfenced), else -3 (stale: fenced) / -4 (never opened)
+local function check_epoch(consumer, epoch)
+  if epoch == 0 then return 0 end
+  local current = tonumber(redis.call('HGET', epochs, consumer) or '0')
+  if current == 0 then return -4 end
+  if current ~= epoch then return -3 end
+  return 0
 end
 
 local function item_text(it) return it[1] .. ' ' .. it[2] .. ' ' .. it[3] end
@@ -110,10 +123,10 @@ local function ack_items(items)
 end
 """
 
-# KEYS: stream, meta, versions, producers. ARGV: capacity, total, producer, sequence, then
-# (group_id, n, min_version, versions_text, payload) per group.
+# KEYS: stream, meta, versions, producers, accepted. ARGV: capacity, total, producer, sequence, then
+# (group_id, n, min_version, versions_text, payload, uids joined by newlines) per group.
 PUT = r"""
-local stream, meta, versions, producers = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local stream, meta, versions, producers, accepted = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local cap, total = tonumber(ARGV[1]), tonumber(ARGV[2])
 local producer, seq = ARGV[3], tonumber(ARGV[4])
 if producer ~= '' and seq > 0 then
@@ -122,10 +135,13 @@ if producer ~= '' and seq > 0 then
 end
 local size = tonumber(redis.call('HGET', meta, 'size') or '0')
 if size + total > cap then return {-1, size} end
-for i = 5, #ARGV, 5 do
+for i = 5, #ARGV, 6 do
   redis.call('XADD', stream, 'MAXLEN', '~', cap, '*',
     'g', ARGV[i], 'n', ARGV[i + 1], 'v', ARGV[i + 2], 'vc', ARGV[i + 3], 'd', ARGV[i + 4])
   for v, c in string.gmatch(ARGV[i + 3], '(-?%d+):(%d+)') do redis.call('HINCRBY', versions, v, c) end
+  local uids = {}
+  for uid in string.gmatch(ARGV[i + 5], '[^\n]+') do uids[#uids + 1] = uid end
+  if #uids > 0 then redis.call('RPUSH', accepted, unpack(uids)) end
 end
 if producer ~= '' and seq > 0 then redis.call('HSET', producers, producer, seq) end
 redis.call('HINCRBY', meta, 'size', total)
@@ -133,15 +149,18 @@ redis.call('HINCRBY', meta, 'accepted', total)
 return {1, size + total}
 """
 
-# ARGV: group, consumer, lease_id, size, min_version, lease_ms, allow_partial (0/1).
-# Returns {1, deadline, n, dropped, redelivered, payload...} or {0, available, dropped}.
+# ARGV: group, consumer, lease_id, size, min_version, lease_ms, allow_partial (0/1), epoch.
+# Returns {1, deadline, n, dropped, redelivered, payload...}, {0, available, dropped}, or {-3}/{-4}
+# (a stale / never opened epoch). A lease with an epoch has deadline 0: it never expires.
 LEASE = (
     COMMON
     + r"""
 local consumer, lease_id = ARGV[2], ARGV[3]
 local size, minv, lease_ms = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local allow_partial = ARGV[7] == '1'
-redis.pcall('XGROUP', 'CREATE', stream, group, '0', 'MKSTREAM')
+local epoch = tonumber(ARGV[8])
+local fenced = check_epoch(consumer, epoch)
+if fenced ~= 0 then return {fenced} end
 local now = now_ms()
 expire(now)
 local total, full = 0, false
@@ -216,10 +235,11 @@ if #stale > 0 then
 end
 if #items == 0 then return {0, 0, dropped} end
 local deadline = now + lease_ms
-local lines = {deadline, total}
+if epoch > 0 then deadline = 0 end
+local lines = {deadline, total, epoch, consumer}
 for _, it in ipairs(items) do lines[#lines + 1] = item_text(it) end
 redis.call('HSET', leases, lease_id, table.concat(lines, '\n'))
-redis.call('ZADD', deadlines, deadline, lease_id)
+if deadline > 0 then redis.call('ZADD', deadlines, deadline, lease_id) end
 redis.call('HINCRBY', gstats, 'pending_n', total)
 if redelivered > 0 then redis.call('HINCRBY', gstats, 'redelivered', redelivered) end
 local out = {1, deadline, total, dropped, redelivered}
@@ -228,23 +248,27 @@ return out
 """
 )
 
-# KEYS: the group keys + P:g:G:acked:<lease_id>. ARGV: group, lease_id, mode ('ack' | 'nack'), memory_ms.
-# Returns {1, n}, {-1} unknown, {-2} expired. Acking an acked lease again answers {1, n} for
-# `memory_ms`, so a trainer may retry an Ack whose reply was lost.
+# KEYS: the group keys + P:g:G:acked:<lease_id>. ARGV: group, lease_id, mode ('ack' | 'nack'), memory_ms,
+# epoch, consumer ('' = not said). Returns {1, n}, {-1} unknown, {-2} expired, {-3} fenced (the lease was taken with another
+# epoch). Acking an acked lease again answers {1, n} for `memory_ms`, so a trainer may retry an Ack
+# whose reply was lost.
 SETTLE = (
     COMMON
     + r"""
 local lease_id, mode = ARGV[2], ARGV[3]
-local acked_key = KEYS[8]
+local epoch, consumer = tonumber(ARGV[5]), ARGV[6]
+local acked_key = KEYS[9]
 local now = now_ms()
+if consumer ~= '' and check_epoch(consumer, epoch) == -3 then return {-3} end
 local rec = redis.call('HGET', leases, lease_id)
 if not rec then
   local done = redis.call('GET', acked_key)
   if done and mode == 'ack' then return {1, tonumber(done)} end
   return {-1}
 end
-local deadline, n, items = parse_lease(rec)
-if deadline <= now then
+local deadline, n, items, lease_epoch = parse_lease(rec)
+if epoch ~= lease_epoch then return {-3} end
+if deadline > 0 and deadline <= now then
   expire(now)
   return {-2}
 end
@@ -298,5 +322,48 @@ repeat
   end
 until start == '0-0'
 return orphaned
+"""
+)
+
+# KEYS: the group keys. ARGV: group, consumer, n_ack, the lease ids to ack, then the lease ids to keep.
+# Bumps the consumer's epoch (fencing every older holder of the name), acks the named leases that the
+# consumer holds, moves the kept ones to the new epoch, and queues every other lease of the consumer
+# at the front of the redelivery queue in stream order. Returns {epoch, acked, released}.
+OPEN = (
+    COMMON
+    + r"""
+local consumer = ARGV[2]
+expire(now_ms())
+local epoch = redis.call('HINCRBY', epochs, consumer, 1)
+local to_ack, to_keep = {}, {}
+local n_ack = tonumber(ARGV[3])
+for i = 4, 3 + n_ack do to_ack[ARGV[i]] = true end
+for i = 4 + n_ack, #ARGV do to_keep[ARGV[i]] = true end
+local acked, released, back = 0, 0, {}
+local flat = redis.call('HGETALL', leases)
+for i = 1, #flat, 2 do
+  local lid = flat[i]
+  local deadline, n, items, _, owner = parse_lease(flat[i + 1])
+  if owner == consumer and to_keep[lid] then
+    local lines = {deadline, n, epoch, consumer}
+    for _, it in ipairs(items) do lines[#lines + 1] = item_text(it) end
+    redis.call('HSET', leases, lid, table.concat(lines, '\n'))
+  elseif owner == consumer then
+    redis.call('HDEL', leases, lid)
+    redis.call('ZREM', deadlines, lid)
+    redis.call('HINCRBY', gstats, 'pending_n', -n)
+    if to_ack[lid] then
+      ack_items(items)
+      redis.call('HINCRBY', gstats, 'acked', n)
+      acked = acked + n
+    else
+      for _, it in ipairs(items) do back[#back + 1] = it end
+      released = released + n
+    end
+  end
+end
+table.sort(back, function(a, b) return id_lt(a[1], b[1]) end)
+for i = #back, 1, -1 do redis.call('LPUSH', requeue, item_text(back[i])) end
+return {epoch, acked, released}
 """
 )

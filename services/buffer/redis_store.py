@@ -18,14 +18,17 @@ import redis.asyncio as aioredis
 from services.buffer import redis_scripts
 from services.buffer.records import (
     BufferFull,
+    ConsumerNotOpen,
+    FencedError,
     GroupRecord,
     LeaseError,
     LeaseOutcome,
     LeaseRequest,
+    OpenOutcome,
     PutOutcome,
     StoreStats,
 )
-from services.buffer.store import STORES
+from services.buffer.store import DEFAULT_CONSUMER_GROUP, STORES
 from services.common.log import get_logger
 
 log = get_logger("buffer.redis")
@@ -61,7 +64,8 @@ class RedisStore:
 
     def _group_keys(self, group: str) -> list[str]:
         base = [self._key("stream"), self._key("meta"), self._key("versions")]
-        return base + [self._key(f"g:{group}:{part}") for part in ("leases", "deadlines", "requeue", "stats")]
+        parts = ("leases", "deadlines", "requeue", "stats", "epochs")
+        return base + [self._key(f"g:{group}:{part}") for part in parts]
 
     async def _run(self, script: str, keys: list[str], args: list[object]) -> object:
         handle = self._scripts.get(script)
@@ -70,14 +74,27 @@ class RedisStore:
             self._scripts[script] = handle
         return await handle(keys=keys, args=args)  # type: ignore[operator]
 
-    async def start(self) -> None:
+    async def start(self, consumer_groups: Sequence[str] = (DEFAULT_CONSUMER_GROUP,)) -> None:
         await self.client.ping()
+        for name in consumer_groups:  # from id 0: a new group sees every entry still stored
+            try:
+                await self.client.xgroup_create(self._key("stream"), name, id="0", mkstream=True)
+            except aioredis.ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
         try:
             groups = await self.client.xinfo_groups(self._key("stream"))
-        except aioredis.ResponseError:  # no stream yet
+        except aioredis.ResponseError:  # no stream (no group declared)
             groups = []
         for info in groups:
             name = info["name"].decode() if isinstance(info["name"], bytes) else info["name"]
+            if name not in consumer_groups:
+                log.warning(
+                    "consumer group exists but is not declared in services.buffer.consumer_groups; "
+                    "it holds back retention until it is deleted (XGROUP DESTROY)",
+                    consumer_group=name,
+                    declared=list(consumer_groups),
+                )
             orphaned = await self._run("RECOVER", self._group_keys(name), [name])
             if orphaned:
                 log.warning("recovered orphaned pending entries", consumer_group=name, experiences=orphaned)
@@ -93,8 +110,8 @@ class RedisStore:
         total = sum(g.n for g in groups)
         args: list[object] = [self.capacity, total, producer, sequence]
         for g in groups:
-            args += [g.group_id, g.n, g.min_version, g.versions_text, g.payload]
-        keys = [self._key("stream"), self._key("meta"), self._key("versions"), self._key("producers")]
+            args += [g.group_id, g.n, g.min_version, g.versions_text, g.payload, "\n".join(g.uids)]
+        keys = [self._key(k) for k in ("stream", "meta", "versions", "producers", "accepted")]
         status, size = await self._run("PUT", keys, args)  # type: ignore[misc]
         if status == -1:
             raise BufferFull(
@@ -115,8 +132,10 @@ class RedisStore:
             request.min_model_version,
             request.lease_ms,
             1 if request.allow_partial else 0,
+            request.epoch,
         ]
         res = await self._run("LEASE", self._group_keys(request.consumer_group), args)
+        _raise_fenced(int(res[0]), request.consumer_group, request.consumer or "trainer", request.epoch)  # type: ignore[index]
         if res[0] == 0:  # type: ignore[index]
             return LeaseOutcome(committed=False, available=int(res[1]), dropped_stale=int(res[2]))  # type: ignore[index]
         _, deadline, n, dropped, redelivered, *payloads = res  # type: ignore[misc]
@@ -130,9 +149,16 @@ class RedisStore:
             redelivered=int(redelivered),
         )
 
-    async def _settle(self, consumer_group: str, lease_id: str, mode: str) -> int:
+    async def _settle(self, consumer_group: str, lease_id: str, mode: str, epoch: int, consumer: str) -> int:
         keys = self._group_keys(consumer_group) + [self._key(f"g:{consumer_group}:acked:{lease_id}")]
-        res = await self._run("SETTLE", keys, [consumer_group, lease_id, mode, ACKED_MEMORY_MS])
+        res = await self._run(
+            "SETTLE", keys, [consumer_group, lease_id, mode, ACKED_MEMORY_MS, epoch, consumer]
+        )
+        if res[0] == -3:  # type: ignore[index]
+            raise FencedError(
+                f"lease {lease_id!r} of consumer group {consumer_group!r} was not taken with epoch {epoch}: "
+                "a newer consumer took it over"
+            )
         if res[0] == -1:  # type: ignore[index]
             raise LeaseError(
                 f"lease {lease_id!r} of consumer group {consumer_group!r} is unknown or already acked"
@@ -144,11 +170,28 @@ class RedisStore:
             )
         return int(res[1])  # type: ignore[index]
 
-    async def ack(self, consumer_group: str, lease_id: str) -> int:
-        return await self._settle(consumer_group, lease_id, "ack")
+    async def ack(self, consumer_group: str, lease_id: str, epoch: int = 0, consumer: str = "") -> int:
+        return await self._settle(consumer_group, lease_id, "ack", epoch, consumer)
 
-    async def nack(self, consumer_group: str, lease_id: str) -> int:
-        return await self._settle(consumer_group, lease_id, "nack")
+    async def nack(self, consumer_group: str, lease_id: str, epoch: int = 0, consumer: str = "") -> int:
+        return await self._settle(consumer_group, lease_id, "nack", epoch, consumer)
+
+    async def open_consumer(
+        self,
+        consumer_group: str,
+        consumer: str,
+        ack_lease_ids: Sequence[str],
+        keep_lease_ids: Sequence[str] = (),
+    ) -> OpenOutcome:
+        args = [consumer_group, consumer, len(ack_lease_ids), *ack_lease_ids, *keep_lease_ids]
+        res = await self._run("OPEN", self._group_keys(consumer_group), args)
+        epoch, acked, released = (int(x) for x in res)  # type: ignore[union-attr]
+        return OpenOutcome(epoch=epoch, acked=acked, released=released)
+
+    async def accepted_uids(self, start: int = 0, count: int = -1) -> list[str]:
+        """The accepted log: uids of every accepted experience, in order (`count` -1: to the end)."""
+        end = -1 if count < 0 else start + count - 1
+        return [u.decode() for u in await self.client.lrange(self._key("accepted"), start, end)]
 
     async def count_rejected(self, n: int) -> None:
         await self.client.hincrby(self._key("meta"), "rejected", n)
@@ -170,6 +213,17 @@ class RedisStore:
             acked=g.get("acked", 0),
             per_model_version={int(k): v for k, v in _int_map(versions).items()},
             store=self.name,
+        )
+
+
+def _raise_fenced(code: int, group: str, consumer: str, epoch: int) -> None:
+    if code == -3:
+        raise FencedError(
+            f"consumer {consumer!r} of group {group!r}: epoch {epoch} is stale; a newer consumer took over"
+        )
+    if code == -4:
+        raise ConsumerNotOpen(
+            f"consumer {consumer!r} of group {group!r} has no epoch {epoch} here; call OpenConsumer"
         )
 
 

@@ -4,7 +4,8 @@ priority = model_version - decay * use_count (`linear_decay`); `decay_limit_rand
 Gaussian noise (`sigma`). A lease takes the highest-priority groups that are ready. Acking a lease counts
 one use of each group: a group is reused after `reuse_cooldown_time` seconds until it has been used
 `use_count_limit` times (no reuse when the cooldown is None), and each handed-out copy carries its
-`use_count`. Nack or lease expiry makes a group ready again without counting a use. Capacity, leases,
+`use_count`. Nack, lease expiry or the consumer's OpenConsumer (a restarted trainer) makes a group
+ready again without counting a use; reuse is the point here, so exactly-once does not apply. Capacity, leases,
 staleness and stats behave as in the other stores; one pool serves every consumer group. In memory only.
 """
 
@@ -19,10 +20,13 @@ from rft.v1 import buffer_pb2
 
 from services.buffer.memory_store import now_ms
 from services.buffer.records import (
+    ConsumerNotOpen,
+    FencedError,
     GroupRecord,
     LeaseError,
     LeaseOutcome,
     LeaseRequest,
+    OpenOutcome,
     PutOutcome,
     StoreStats,
     add_versions,
@@ -44,7 +48,9 @@ class _Item:
 class _Lease:
     seqs: list[int]
     n: int
-    deadline_ms: int
+    deadline_ms: int  # 0: taken with an epoch, never expires
+    consumer: str = ""
+    epoch: int = 0
 
 
 class ReplayStore:
@@ -69,6 +75,8 @@ class ReplayStore:
         self._rng = random.Random(seed)
         self._items: dict[int, _Item] = {}
         self._leases: dict[str, _Lease] = {}
+        self._epochs: dict[str, int] = {}
+        self._accepted_log: list[str] = []
         self._acked_leases: dict[str, int] = {}
         self._next_seq = 0
         self._producers: dict[str, int] = {}
@@ -76,8 +84,8 @@ class ReplayStore:
         self._versions: dict[int, int] = {}
         self._counts = {"accepted": 0, "rejected": 0, "dropped_stale": 0, "redelivered": 0, "acked": 0}
 
-    async def start(self) -> None:
-        return None
+    async def start(self, consumer_groups: Sequence[str] = ()) -> None:
+        return None  # one pool serves every consumer group: nothing to create
 
     async def close(self) -> None:
         return None
@@ -103,6 +111,7 @@ class ReplayStore:
             return PutOutcome(stored=0, duplicate=True)
         for record in groups:
             self._items[self._next_seq] = _Item(self._next_seq, record)
+            self._accepted_log.extend(record.uids)
             self._next_seq += 1
             add_versions(self._versions, record.versions.items())
         if producer and sequence:
@@ -118,7 +127,7 @@ class ReplayStore:
 
     def _expire(self) -> None:
         now = self._clock_ms()
-        for lease_id in [lid for lid, lease in self._leases.items() if lease.deadline_ms <= now]:
+        for lease_id in [lid for lid, lease in self._leases.items() if 0 < lease.deadline_ms <= now]:
             for seq in self._leases.pop(lease_id).seqs:
                 self._items[seq].leased = False
 
@@ -130,7 +139,42 @@ class ReplayStore:
             exp.use_count = item.use_count
         return b"".join(encode_member(exp) for exp in msg.experiences)
 
+    async def open_consumer(
+        self,
+        consumer_group: str,
+        consumer: str,
+        ack_lease_ids: Sequence[str],
+        keep_lease_ids: Sequence[str] = (),
+    ) -> OpenOutcome:
+        self._expire()
+        epoch = self._epochs.get(consumer, 0) + 1
+        self._epochs[consumer] = epoch
+        acked = released = 0
+        for lease_id in [lid for lid, lease in self._leases.items() if lease.consumer == consumer]:
+            lease = self._leases[lease_id]
+            if lease_id in keep_lease_ids:
+                lease.epoch = epoch
+            elif lease_id in ack_lease_ids:
+                acked += await self.ack(consumer_group, lease_id, lease.epoch)
+            else:
+                released += await self.nack(consumer_group, lease_id, lease.epoch)
+        return OpenOutcome(epoch=epoch, acked=acked, released=released)
+
+    async def accepted_uids(self, start: int = 0, count: int = -1) -> list[str]:
+        return self._accepted_log[start:] if count < 0 else self._accepted_log[start : start + count]
+
     async def lease(self, request: LeaseRequest) -> LeaseOutcome:
+        consumer = request.consumer or "trainer"
+        if request.epoch:
+            current = self._epochs.get(consumer, 0)
+            if current == 0:
+                raise ConsumerNotOpen(
+                    f"consumer {consumer!r} has no epoch {request.epoch}; call OpenConsumer"
+                )
+            if current != request.epoch:
+                raise FencedError(
+                    f"consumer {consumer!r}: epoch {request.epoch} is stale; a newer one took over"
+                )
         self._expire()
         now = self._clock_ms()
         dropped = 0
@@ -154,10 +198,10 @@ class ReplayStore:
         if not taken or (total < request.size and not request.allow_partial):
             return LeaseOutcome(committed=False, available=total, dropped_stale=dropped)
         lease_id = uuid.uuid4().hex
-        deadline = now + request.lease_ms
+        deadline = 0 if request.epoch else now + request.lease_ms
         for item in taken:
             item.leased = True
-        self._leases[lease_id] = _Lease([i.seq for i in taken], total, deadline)
+        self._leases[lease_id] = _Lease([i.seq for i in taken], total, deadline, consumer, request.epoch)
         return LeaseOutcome(
             committed=True,
             lease_id=lease_id,
@@ -167,17 +211,27 @@ class ReplayStore:
             dropped_stale=dropped,
         )
 
-    def _take(self, lease_id: str) -> _Lease:
+    def _check_stale(self, consumer: str, epoch: int) -> None:
+        if consumer and epoch and self._epochs.get(consumer, 0) not in (0, epoch):
+            raise FencedError(f"consumer {consumer!r}: epoch {epoch} is stale; a newer consumer took over")
+
+    def _take(self, lease_id: str, epoch: int) -> _Lease:
         self._expire()
+        held = self._leases.get(lease_id)
+        if held is not None and held.epoch != epoch:
+            raise FencedError(
+                f"lease {lease_id!r} was not taken with epoch {epoch}: a newer consumer took it over"
+            )
         lease = self._leases.pop(lease_id, None)
         if lease is None:
             raise LeaseError(f"lease {lease_id!r} is unknown, already acked, or expired")
         return lease
 
-    async def ack(self, consumer_group: str, lease_id: str) -> int:
+    async def ack(self, consumer_group: str, lease_id: str, epoch: int = 0, consumer: str = "") -> int:
         if lease_id in self._acked_leases:
             return self._acked_leases[lease_id]
-        lease = self._take(lease_id)
+        self._check_stale(consumer, epoch)
+        lease = self._take(lease_id, epoch)
         now = self._clock_ms()
         for seq in lease.seqs:
             item = self._items[seq]
@@ -191,8 +245,9 @@ class ReplayStore:
         self._acked_leases[lease_id] = lease.n
         return lease.n
 
-    async def nack(self, consumer_group: str, lease_id: str) -> int:
-        lease = self._take(lease_id)
+    async def nack(self, consumer_group: str, lease_id: str, epoch: int = 0, consumer: str = "") -> int:
+        self._check_stale(consumer, epoch)
+        lease = self._take(lease_id, epoch)
         for seq in lease.seqs:
             self._items[seq].leased = False
         return lease.n

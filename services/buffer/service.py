@@ -1,6 +1,7 @@
 """Assembles the buffer from the run config: picks the store by name (`services.buffer.store`), builds
-the core with the section's limits, registers the Prometheus collector, and returns what
-`service_main` serves."""
+the core with the section's limits, declared consumer groups and the model's vocabulary size (read from
+`model.model_path`'s config.json; without the folder, a warning and each batch's own vocab_size),
+registers the Prometheus collector, and returns what `service_main` serves."""
 
 from __future__ import annotations
 
@@ -17,7 +18,23 @@ from services.buffer.servicer import registration
 from services.buffer.store import STORES
 from services.buffer.validation import Limits
 from services.common.config import RFTConfig
+from services.common.log import get_logger
+from services.common.model_folder import ModelLoadError, read_vocab_size
 from services.common.rpc.server import Registration
+
+log = get_logger("buffer")
+
+
+def model_vocab_size(model_path: str) -> int:
+    """The model's vocabulary size, or 0 (unknown: token ids are checked against each batch's own
+    vocab_size only) with a warning when the folder is not here, e.g. a buffer container without it."""
+    try:
+        if not model_path:
+            raise ModelLoadError("model.model_path is empty")
+        return read_vocab_size(model_path)
+    except ModelLoadError as exc:
+        log.warning("token ids are checked only against each batch's vocab_size", reason=str(exc))
+        return 0
 
 
 def build_core(config: RFTConfig) -> BufferCore:
@@ -47,7 +64,9 @@ def build_core(config: RFTConfig) -> BufferCore:
         limits=Limits(
             max_batch_experiences=endpoint.max_batch_experiences,
             max_batch_bytes=endpoint.max_batch_bytes,
+            vocab_size=model_vocab_size(config.model.model_path),
         ),
+        consumer_groups=tuple(endpoint.consumer_groups),
     )
     return BufferCore(store, settings)
 

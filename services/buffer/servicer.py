@@ -1,7 +1,8 @@
 """gRPC adapter of the buffer: proto in, `BufferCore` call, proto out; domain errors become status codes.
 
 ValidationError -> INVALID_ARGUMENT (the message names the field and index), BufferFull ->
-RESOURCE_EXHAUSTED, LeaseError -> FAILED_PRECONDITION, a store that cannot be reached -> UNAVAILABLE.
+RESOURCE_EXHAUSTED, LeaseError -> FAILED_PRECONDITION, FencedError (a stale epoch) -> ABORTED, ConsumerNotOpen
+-> NOT_FOUND (the consumer must call OpenConsumer), a store that cannot be reached -> UNAVAILABLE.
 
 The wire contract is the generated one; only the (de)serializers differ where it saves copies: put
 requests keep each experience's received bytes (`WireBatch`), so they are stored without being
@@ -21,6 +22,8 @@ from rft.v1 import buffer_pb2, buffer_pb2_grpc
 from services.buffer.core import BufferCore
 from services.buffer.records import (
     BufferFull,
+    ConsumerNotOpen,
+    FencedError,
     LeaseError,
     ValidationError,
     WireBatch,
@@ -42,6 +45,10 @@ async def _guard(context: grpc.aio.ServicerContext, call: Callable[[], Awaitable
         await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
     except LeaseError as exc:
         await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+    except FencedError as exc:
+        await context.abort(grpc.StatusCode.ABORTED, str(exc))
+    except ConsumerNotOpen as exc:
+        await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
     except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
         await context.abort(grpc.StatusCode.UNAVAILABLE, f"buffer store unavailable: {exc}")
     raise AssertionError("unreachable")  # context.abort raises
@@ -89,6 +96,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
                 consumer=request.consumer,
                 min_model_version=request.min_model_version,
                 lease_ms=request.lease_ms,
+                epoch=request.epoch,
             ),
         )
         return encode_batch_response(
@@ -98,14 +106,34 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
     async def Ack(
         self, request: buffer_pb2.AckRequest, context: grpc.aio.ServicerContext
     ) -> buffer_pb2.AckResponse:
-        n = await _guard(context, lambda: self.core.ack(request.lease_id, request.consumer_group))
+        n = await _guard(
+            context,
+            lambda: self.core.ack(request.lease_id, request.consumer_group, request.epoch, request.consumer),
+        )
         return buffer_pb2.AckResponse(acked=n)
 
     async def Nack(
         self, request: buffer_pb2.NackRequest, context: grpc.aio.ServicerContext
     ) -> buffer_pb2.NackResponse:
-        n = await _guard(context, lambda: self.core.nack(request.lease_id, request.consumer_group))
+        n = await _guard(
+            context,
+            lambda: self.core.nack(request.lease_id, request.consumer_group, request.epoch, request.consumer),
+        )
         return buffer_pb2.NackResponse(returned=n)
+
+    async def OpenConsumer(
+        self, request: buffer_pb2.OpenConsumerRequest, context: grpc.aio.ServicerContext
+    ) -> buffer_pb2.OpenConsumerResponse:
+        out = await _guard(
+            context,
+            lambda: self.core.open_consumer(
+                request.consumer_group,
+                request.consumer,
+                list(request.ack_lease_ids),
+                list(request.keep_lease_ids),
+            ),
+        )
+        return buffer_pb2.OpenConsumerResponse(epoch=out.epoch, acked=out.acked, released=out.released)
 
     async def Stats(
         self, request: buffer_pb2.StatsRequest, context: grpc.aio.ServicerContext
@@ -163,6 +191,11 @@ def add_to_server(servicer: BufferServicer, server: grpc.aio.Server) -> None:
             servicer.Nack,
             request_deserializer=buffer_pb2.NackRequest.FromString,
             response_serializer=buffer_pb2.NackResponse.SerializeToString,
+        ),
+        "OpenConsumer": unary(
+            servicer.OpenConsumer,
+            request_deserializer=buffer_pb2.OpenConsumerRequest.FromString,
+            response_serializer=buffer_pb2.OpenConsumerResponse.SerializeToString,
         ),
         "Stats": unary(
             servicer.Stats,

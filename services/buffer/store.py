@@ -11,6 +11,12 @@ every implementation:
   a full batch. Leases carry an id and a deadline.
 - `ack` removes a lease's groups for good; `nack` or an expired deadline makes them available again.
   Acking an unknown or expired lease raises `LeaseError`, so an experience is acked at most once.
+- Fencing: `open_consumer` bumps a consumer's epoch, acks the named leases it holds and queues its
+  other leases for redelivery at once (a restarted trainer takes over, never waiting out a deadline).
+  A lease taken with an epoch has no deadline; a call with a stale epoch raises `FencedError`, one
+  with an epoch the store never handed out `ConsumerNotOpen`.
+- Every accepted experience's uid is appended to the accepted log (`accepted_uids`), atomically with
+  the put, for lineage audits.
 """
 
 from __future__ import annotations
@@ -18,8 +24,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-from services.buffer.records import GroupRecord, LeaseOutcome, LeaseRequest, PutOutcome, StoreStats
+from services.buffer.records import (
+    GroupRecord,
+    LeaseOutcome,
+    LeaseRequest,
+    OpenOutcome,
+    PutOutcome,
+    StoreStats,
+)
 from services.common.registry import Registry
+
+# The consumer group of a request that names none (the empty string).
+DEFAULT_CONSUMER_GROUP = "default"
 
 
 @runtime_checkable
@@ -27,8 +43,10 @@ class Store(Protocol):
     name: str
     capacity: int
 
-    async def start(self) -> None:
-        """Connect and recover state (a Redis store finds leases left by a previous process)."""
+    async def start(self, consumer_groups: Sequence[str] = (DEFAULT_CONSUMER_GROUP,)) -> None:
+        """Connect, create the declared `consumer_groups` (existing ones keep their state), and recover
+        state (a Redis store finds leases left by a previous process). Only here are groups created:
+        a group sees every stored experience and retention waits for it, so a stray name must not make one."""
 
     async def close(self) -> None: ...
 
@@ -39,11 +57,24 @@ class Store(Protocol):
 
     async def lease(self, request: LeaseRequest) -> LeaseOutcome: ...
 
-    async def ack(self, consumer_group: str, lease_id: str) -> int:
+    async def ack(self, consumer_group: str, lease_id: str, epoch: int = 0, consumer: str = "") -> int:
         """Remove the lease's experiences for good; returns how many. Raises `LeaseError`."""
 
-    async def nack(self, consumer_group: str, lease_id: str) -> int:
+    async def nack(self, consumer_group: str, lease_id: str, epoch: int = 0, consumer: str = "") -> int:
         """Give the lease's experiences back for redelivery; returns how many. Raises `LeaseError`."""
+
+    async def open_consumer(
+        self,
+        consumer_group: str,
+        consumer: str,
+        ack_lease_ids: Sequence[str],
+        keep_lease_ids: Sequence[str] = (),
+    ) -> OpenOutcome:
+        """Fence older holders of `consumer`, ack `ack_lease_ids`, keep `keep_lease_ids` under the new
+        epoch, requeue its other leases."""
+
+    async def accepted_uids(self, start: int = 0, count: int = -1) -> list[str]:
+        """The accepted log from `start` (`count` -1: to the end)."""
 
     async def count_rejected(self, n: int) -> None: ...
 

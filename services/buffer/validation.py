@@ -1,7 +1,9 @@
 """Validation of incoming `ExperienceBatch`es: a bad batch is refused whole, naming the field and index.
 
 Checks, per experience i (R = response length = len(tokens) - prompt_length):
-- `tokens` non-empty, ids >= 0 and < `vocab_size` when the batch declares it; same for `rejected_tokens`;
+- `tokens` non-empty, ids >= 0 and < the vocabulary size; same for `rejected_tokens`. The vocabulary
+  size is the model's (`Limits.vocab_size`, read from the model folder's config.json at buffer start);
+  a batch's own `vocab_size` may narrow it, never widen it; with neither, ids are only checked >= 0;
 - 0 <= `prompt_length` < len(tokens) (at least one response token);
 - `logprobs`, `action_mask`, `token_level_rewards`, `advantages`, `returns`, `teacher_logprobs` are
   empty or of length R;
@@ -38,8 +40,14 @@ FLOAT_ARRAYS = ("logprobs", "token_level_rewards", "advantages", "returns", "tea
 class Limits:
     max_batch_experiences: int = 65536
     max_batch_bytes: int = 64 << 20
-    # Vocabulary size the buffer knows (e.g. from the model config); a batch's own vocab_size wins. 0 = unknown.
+    # The model's vocabulary size (its config.json); a batch's own vocab_size may only narrow it. 0 = unknown.
     vocab_size: int = 0
+
+
+def effective_vocab_size(declared: int, known: int) -> int:
+    """The bound token ids must stay under: the smaller of the batch's `declared` and the model's `known`
+    size, ignoring either when 0 (unknown); 0 when both are."""
+    return min(declared, known) if declared and known else declared or known
 
 
 def _first_non_finite(values: Sequence[float]) -> int:
@@ -108,6 +116,6 @@ def validate_batch(batch: experience_pb2.ExperienceBatch, limits: Limits) -> Non
         raise ValidationError("batch", f"{size} bytes > max_batch_bytes {limits.max_batch_bytes}")
     if batch.vocab_size < 0:
         raise ValidationError("vocab_size", f"{batch.vocab_size} < 0")
-    vocab_size = batch.vocab_size or limits.vocab_size
+    vocab_size = effective_vocab_size(batch.vocab_size, limits.vocab_size)
     for i, exp in enumerate(batch.experiences):
         validate_experience(exp, i, vocab_size)

@@ -7,7 +7,9 @@ logging and the Prometheus endpoint, start the gRPC server, and stop gracefully 
 `build(config)` returns the servicer registrations and an optional async close hook. A service that
 ends by itself (a run that drives itself, `trainer.auto_start` / `explorer.auto_start`) calls
 `stop_service(code)`: the same graceful stop as SIGTERM, and `service_main` returns `code` (the
-highest code asked for wins, so a failure is never masked by a clean stop asked later).
+highest code asked for wins, so a failure is never masked by a clean stop asked later). A port that
+cannot be bound (`BindError`, e.g. "port N on HOST is in use") ends the process with code 1 and that
+one line on stderr.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from prometheus_client import start_http_server
 
 from services.common.config import ConfigError, RFTConfig, load_config
 from services.common.log import configure_logging
-from services.common.rpc.server import Registration, serve_until_signal, start_server
+from services.common.rpc.server import BindError, Registration, serve_until_signal, start_server
 
 _EXIT_CODE = [0]
 
@@ -63,14 +65,20 @@ async def run_service(
     endpoint = getattr(config.services, service)
     log = configure_logging(service, run=config.name, level=config.log.level, fmt=config.log.format)
     registrations, close = await build(config)
-    handle = await start_server(
-        registrations,
-        host=endpoint.host,
-        port=endpoint.port if port is None else port,
-        auth_token=config.services.auth_token,
-        tls=config.services.tls,
-        max_message_bytes=config.services.max_message_bytes,
-    )
+    try:
+        handle = await start_server(
+            registrations,
+            host=endpoint.host,
+            port=endpoint.port if port is None else port,
+            auth_token=config.services.auth_token,
+            tls=config.services.tls,
+            max_message_bytes=config.services.max_message_bytes,
+        )
+    except BindError as exc:
+        log.error("cannot listen", error=str(exc))
+        if close is not None:
+            await close()
+        raise
     metrics_port = start_metrics_server(endpoint.host, endpoint.metrics_port)
     if port_file:
         with open(port_file + ".tmp", "w") as fh:
@@ -92,5 +100,9 @@ def service_main(service: str, build: Build, argv: Sequence[str] | None = None) 
         print(exc, file=sys.stderr)
         return 2
     _EXIT_CODE[0] = 0
-    asyncio.run(run_service(service, config, build, args.port, args.port_file))
+    try:
+        asyncio.run(run_service(service, config, build, args.port, args.port_file))
+    except BindError as exc:  # e.g. PortInUseError: "port N on HOST is in use"
+        print(f"{service}: {exc.strerror}", file=sys.stderr)
+        return 1
     return _EXIT_CODE[0]

@@ -3,7 +3,7 @@
 transformers 5 pitfall: `AutoTokenizer.from_pretrained(dir)` on a folder whose `config.json` says
 `qwen2` returns `Qwen2Tokenizer` even when a different tokenizer was saved (different ids, vocab + 1).
 We read `tokenizer_config.json` and load exactly the class it names. Nothing is downloaded: a path
-that is not a local folder is refused unless `allow_download=True`.
+that is not a local folder is refused unless `allow_download=True` (see `model_folder.py`, which needs no torch).
 """
 
 from __future__ import annotations
@@ -18,13 +18,12 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.utils import logging as hf_logging
 
+from services.common.model_folder import ModelLoadError as ModelLoadError  # re-exported
+from services.common.model_folder import local_folder
+
 hf_logging.disable_progress_bar()
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class ModelLoadError(RuntimeError):
-    pass
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:
@@ -39,21 +38,9 @@ def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") 
         raise ValueError(f"dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}") from None
 
 
-def _local_folder(path: str | os.PathLike[str], allow_download: bool) -> str:
-    p = Path(path).expanduser()
-    if p.is_dir():
-        return str(p)
-    if allow_download:
-        return str(path)
-    raise ModelLoadError(
-        f"model folder {str(path)!r} does not exist; give a local HF folder "
-        "(e.g. made by `rft make-tiny-model DIR`) — models are never downloaded at run time"
-    )
-
-
 def load_tokenizer(path: str | os.PathLike[str], *, allow_download: bool = False, **kwargs: Any) -> Any:
     """The tokenizer class named in the folder's tokenizer_config.json, else AutoTokenizer."""
-    folder = _local_folder(path, allow_download)
+    folder = local_folder(path, allow_download)
     cfg_file = Path(folder) / "tokenizer_config.json"
     name = None
     if cfg_file.is_file():
@@ -72,7 +59,7 @@ def load_model(
     allow_download: bool = False,
     trust_remote_code: bool = False,
 ) -> PreTrainedModel:
-    folder = _local_folder(path, allow_download)
+    folder = local_folder(path, allow_download)
     model = AutoModelForCausalLM.from_pretrained(
         folder, dtype=resolve_dtype(dtype, device), trust_remote_code=trust_remote_code
     )

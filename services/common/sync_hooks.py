@@ -17,8 +17,13 @@ Explorer (`services.explorer.sync.SyncGate`: `before_step(step, model_version)`,
          | ExplorerSyncGate(client, fetch=BroadcastFetch(client, receiver.setup, receiver.receive))
 `before_step(s)` waits (`wait_for_version(step=s)`) until the plan lets step s run; when a newer
 version exists, or an nccl broadcast is about to start, it fetches and loads it, reports the outcome
-(`report_sync`) and only then returns. A wait that times out raises `SyncWaitTimeout`; the end of the
-run raises `RunFinished`. A broken or stale broadcast group (`GroupBrokenError`,
+(`report_sync`) and only then returns. The wait gives up only when nothing moves: at the end of each
+`timeout_s` window it looks where the trainer stands; while the trainer's step advanced since the end
+of the previous window (it catches up after a restart) the wait goes on, so a trainer that stopped
+moving is given up on after two windows with `SyncWaitTimeout` naming the version it needs and where
+the trainer stands.
+A synchronizer that is away (restarting: UNAVAILABLE; it forgot this member: NOT_FOUND, then the gate
+registers again) is waited for within the same window. The end of the run raises `RunFinished`. A broken or stale broadcast group (`GroupBrokenError`,
 `StaleGenerationError`: a member died or the group changed mid-sync) is reported and waited out:
 the gate asks again and joins the next generation, waiting up to 2 x `timeout_s` from the failure
 (the sender needs up to one timeout to notice it, then sends the next version).
@@ -33,7 +38,7 @@ from typing import Any, Protocol
 
 import grpc
 import torch
-from rft.v1 import synchronizer_pb2
+from rft.v1 import common_pb2, synchronizer_pb2
 
 from services.common.sync_client import RunFinished, SyncClient, SyncWaitTimeout
 from services.common.weight_sync import (
@@ -139,22 +144,57 @@ class ExplorerSyncGate:
         if report is not None:
             await report
 
+    async def _trainer(self) -> tuple[int, str]:
+        """(step, description) of the run's trainer as the synchronizer sees it."""
+        try:
+            state = await self.client.get_run_state()
+        except grpc.aio.AioRpcError as exc:
+            return -1, f"the synchronizer is unreachable ({exc.code().name})"
+        for m in state.members:
+            if m.role == synchronizer_pb2.MEMBER_ROLE_TRAINER:
+                status = common_pb2.MemberStatus.Name(m.status).removeprefix("MEMBER_STATUS_")
+                return int(m.step), f"the trainer (member {m.member_id!r}, {status}) is at step {m.step}"
+        return -1, "no trainer has registered with the synchronizer"
+
+    async def _extend_or_give_up(self, step: int, required: int, since: int | None) -> tuple[float, int]:
+        """A wait window ended: a new deadline if the trainer moved since `since` (the step seen at the
+        end of the previous window; None after the first: no RPC on the hot path), else give up."""
+        trainer_step, where = await self._trainer()
+        if since is None or trainer_step > since:
+            return time.monotonic() + self.timeout_s, trainer_step
+        raise SyncWaitTimeout(
+            f"explore step {step} needs model version >= {required} from the trainer and holds "
+            f"{self.held}; {where} and has not moved for {self.timeout_s:g}s"
+        )
+
     async def before_step(self, step: int, model_version: int) -> None:
         await self.settle()  # the synchronizer hears of a load before this explorer asks again
         self.held = max(self.held, model_version)
         deadline = time.monotonic() + self.timeout_s
+        trainer_step: int | None = None
+        required, backoff = 0, 0.05
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise SyncWaitTimeout(f"explore step {step}: no usable weights within {self.timeout_s:g}s")
-            answer = await self.client.wait_for_version(step=step, timeout_s=remaining)
+                deadline, trainer_step = await self._extend_or_give_up(step, required, trainer_step)
+                continue
+            try:
+                answer = await self.client.wait_for_version(step=step, timeout_s=remaining)
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.NOT_FOUND:  # a restarted synchronizer forgot us
+                    await self.client.register()
+                elif exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    raise
+                await asyncio.sleep(min(backoff, max(remaining, 0.0)))  # ok-sleep: synchronizer away
+                backoff = min(backoff * 2, 1.0)
+                continue
+            backoff = 0.05
+            required = answer.required_version
             if answer.finished:
                 raise RunFinished(f"the run finished before explore step {step}")
             if answer.timed_out:
-                raise SyncWaitTimeout(
-                    f"explore step {step} needs model version >= {answer.required_version}, "
-                    f"still at {self.held} after {self.timeout_s:g}s"
-                )
+                deadline = time.monotonic()  # the window ended: extend it or give up (above)
+                continue
             offered = answer.model_version.version
             # nccl weights come only by broadcast; the other methods fetch whatever is newer
             newer = offered > self.held and answer.sync_method != "nccl"

@@ -82,9 +82,13 @@ class LocalChatModel:
         await self.wrapper.engine.close()
 
 
-def build_auxiliary_models(configs: Sequence[InferenceModelConfig], device: str | None = None) -> list[Any]:
+def build_auxiliary_models(
+    configs: Sequence[InferenceModelConfig], devices: Sequence[str | None] | None = None
+) -> list[Any]:
+    """One model per config; `devices[i]` places a local one (its first GPU; placement.py)."""
     out: list[Any] = []
-    for cfg in configs:
+    for i, cfg in enumerate(configs):
+        device = devices[i] if devices is not None else None
         if cfg.api_base:
             out.append(OpenAIModel(cfg))
         else:

@@ -4,8 +4,12 @@ An explore step takes `buffer.batch_size` tasks (batch_size / n for each of n ex
 `explorer.split_batch`), runs their workflows concurrently on the rollout
 engines (`runner_per_model` runners per engine), stamps the experiences (group id per task, explorer
 id, step), streams them to the sink, logs `rollout/*` and `time/*` metrics and saves the position so a
-restarted explorer resumes after the last finished step. Before each step the sync gate may hold it
-(the synchronizer's plan). Eval tasksets run every `explorer.eval_interval` steps and on startup.
+restarted explorer resumes after the last finished step. Every step's position is also appended to a
+journal (`explorer/<id>.positions.jsonl`), so a restarted explorer can resume at an earlier step
+(`rewind_to`): the step the trainer holds, so it never waits for weights that cannot come and the data
+a crash lost is explored again. Each start of the process is an incarnation (saved with the position)
+that goes into the batch ids, so experiences explored again never share an id with earlier ones.
+Before each step the sync gate may hold it (the synchronizer's plan). Eval tasksets run every `explorer.eval_interval` steps and on startup.
 Every weight load is logged (`weights loaded`, with a SHA-256 of what the engines hold when
 `synchronizer.weight_digest` is on, to compare with the trainer's `weights sent`).
 """
@@ -87,6 +91,7 @@ class ExplorerCore:
         self.shard = shard
         self.tasks_per_step = tasks_per_step(config, shard)
         self.step = 0
+        self.incarnation = 0  # starts of this explorer id in this job (batch ids carry it)
         self.status = "STARTING"
         self.last_metrics: dict[str, float] = {}
         self.exhausted = False
@@ -108,6 +113,10 @@ class ExplorerCore:
         return self.resolved.job_dir / "explorer" / f"{self.explorer_id}.json"
 
     @property
+    def journal_file(self) -> Path:
+        return self.resolved.job_dir / "explorer" / f"{self.explorer_id}.positions.jsonl"
+
+    @property
     def model_version(self) -> int:
         return min(e.model_version for e in self.engines)
 
@@ -124,18 +133,57 @@ class ExplorerCore:
         self._eval_sets = await asyncio.to_thread(
             open_tasksets, self.resolved, evals, is_eval=True, needs_response=need
         )
-        if self.config.continue_from_checkpoint and self.state_file.is_file():
+        resumed = self.config.continue_from_checkpoint and self.state_file.is_file()
+        if resumed:
             state = json.loads(self.state_file.read_text())
             self.step = int(state["step"])
+            self.incarnation = int(state.get("incarnation", 0)) + 1
             self._scheduler.load_state(state["scheduler"])
-            log.info("resumed", explorer=self.explorer_id, step=self.step)
+            log.info("resumed", explorer=self.explorer_id, step=self.step, incarnation=self.incarnation)
+        else:
+            self.journal_file.unlink(missing_ok=True)
+            self._journal(0)  # where step 1 starts
+        self._save_state()
         self.status = "RUNNING"
+
+    def rewind_to(self, step: int) -> bool:
+        """Resume after `step` instead of the saved step when `step` is earlier (the trainer holds
+        only that many steps); True when it rewound. The journal gives the position."""
+        assert self._scheduler is not None, "call start() first"
+        if step >= self.step:
+            return False
+        position = None
+        if self.journal_file.is_file():
+            for line in self.journal_file.read_text().splitlines():
+                try:
+                    entry = json.loads(line)
+                except ValueError:  # a line cut short by a crash
+                    continue
+                if int(entry["step"]) == step:
+                    position = entry["scheduler"]
+        if position is None:
+            log.warning("no journal position to rewind to; resuming at the saved step",
+                        explorer=self.explorer_id, step=self.step, wanted=step)  # fmt: skip
+            return False
+        log.info("rewound to the trainer's step", explorer=self.explorer_id, saved_step=self.step, step=step)
+        self._scheduler.load_state(position)
+        self.step = step
+        self.exhausted = False
+        self._save_state()
+        return True
+
+    def _journal(self, step: int) -> None:
+        assert self._scheduler is not None
+        self.journal_file.parent.mkdir(parents=True, exist_ok=True)
+        with self.journal_file.open("a") as fh:
+            fh.write(json.dumps({"step": step, "scheduler": self._scheduler.state()}) + "\n")
 
     def _save_state(self) -> None:
         assert self._scheduler is not None
         self.state_file.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"step": self.step, "scheduler": self._scheduler.state()}))
+        state = {"step": self.step, "incarnation": self.incarnation, "scheduler": self._scheduler.state()}
+        tmp.write_text(json.dumps(state))
         os.replace(tmp, self.state_file)
 
     def _done(self) -> bool:
@@ -222,7 +270,8 @@ class ExplorerCore:
             t1 = time.perf_counter()
             results = await asyncio.gather(*(self._run_task(t) for t in tasks))
             t_run = time.perf_counter() - t1
-            experiences = [e for r in results if r.ok for e in self._stamp(r, step, str(step))]
+            batch_id = str(step) if not self.incarnation else f"{step}.{self.incarnation}"
+            experiences = [e for r in results if r.ok for e in self._stamp(r, step, batch_id)]
             t2 = time.perf_counter()
             if experiences:
                 await self.sink.put(experiences)
@@ -244,6 +293,7 @@ class ExplorerCore:
                     "time/explore_step": time.perf_counter() - t0,
                 }
             )
+            self._journal(step)
             self._save_state()
             self._log(metrics, step)
             if self._scheduler.exhausted:

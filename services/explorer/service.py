@@ -9,8 +9,12 @@ With a synchronizer address (`services.synchronizer.address` or `host`+`port`, o
 `RFT_SYNCHRONIZER_ADDRESS`/`_PORT`) the explorer registers under its id with its rollout worker
 count, heartbeats, and waits before each step on `ExplorerSyncGate` with the fetch of
 `synchronizer.sync_method` (memory: pull from the synchronizer; checkpoint: read the published
-file; nccl: join the group, receive the broadcast). When it stops it reports STOPPED; once every
-explorer has, the trainer drains the buffer and ends the run.
+file; nccl: join the group, receive the broadcast). In mode `both` it first waits until a trainer has
+registered and rewinds to the trainer's step when its own saved position is ahead of it (a restart
+after a crash: the trainer restored an earlier checkpoint, or a buffer lost data), so it never waits
+for a version that cannot come. When its data ends it reports STOPPED; once every explorer has, the
+trainer drains the buffer and ends the run. Stopped by a signal before that, it reports LOST (it may
+come back), so the trainer keeps waiting for its data.
 
 Several explorers can run at once: each needs its own id (`--explorer-id`, `RFT_EXPLORER_ID`, else
 `explorer.name`) and, to split the tasksets, a shard `i/n` (`--shard`, `RFT_EXPLORER_SHARD`).
@@ -22,23 +26,29 @@ import asyncio
 import os
 from collections.abc import Awaitable, Callable, Sequence
 
+import grpc
+from rft.v1 import common_pb2, synchronizer_pb2
+
 from services.common.app import stop_service
 from services.common.buffer_client import BufferClient
 from services.common.config import RFTConfig, resolve
+from services.common.config.gpus import explorer_gpu_count
 from services.common.log import get_logger
 from services.common.monitor import build_monitor
 from services.common.rpc import create_channel
 from services.common.rpc.server import Registration
-from services.common.sync_client import RunFinished, SyncClient
+from services.common.sync_client import RunFinished, SyncClient, SyncWaitTimeout
 from services.common.sync_hooks import BroadcastFetch, CheckpointFetch, ExplorerSyncGate, MemoryFetch
 from services.explorer.auxiliary import build_auxiliary_models
 from services.explorer.core import ExplorerCore, find_checkpoints
 from services.explorer.engines import build_engines
+from services.explorer.engines.placement import engine_devices
 from services.explorer.servicer import ExplorerServicer, registration
 from services.explorer.sink import BufferSink, ExperienceSink, MemorySink
 from services.explorer.weight_receiver import WeightReceiver
 
 log = get_logger("explorer")
+_GONE = (common_pb2.MEMBER_STATUS_STOPPED, common_pb2.MEMBER_STATUS_FAILED, common_pb2.MEMBER_STATUS_LOST)
 
 
 def parse_shard(text: str | None) -> tuple[int, int]:
@@ -69,8 +79,11 @@ async def build_core(
     resolved = resolve(config)
     rollout = config.explorer.rollout_model
     model_path = rollout.model_path or config.model.model_path
-    engines = await asyncio.to_thread(build_engines, rollout, model_path, None, parts[0] * rollout.engine_num)
-    aux = await asyncio.to_thread(build_auxiliary_models, config.explorer.auxiliary_models)
+    rollout_devices, aux_devices = _devices(config)
+    engines = await asyncio.to_thread(
+        build_engines, rollout, model_path, rollout_devices, parts[0] * rollout.engine_num
+    )
+    aux = await asyncio.to_thread(build_auxiliary_models, config.explorer.auxiliary_models, aux_devices)
     if sink is None:
         if config.mode == "bench":
             sink = MemorySink()
@@ -108,6 +121,20 @@ async def build_core(
     return core
 
 
+def _devices(config: RFTConfig) -> tuple[list[str | None], list[str | None]]:
+    """Each engine's device among the GPUs this process sees (engines/placement.py)."""
+    import torch
+
+    visible = torch.cuda.device_count()
+    need = explorer_gpu_count(config.explorer)
+    if 0 < visible < need:
+        log.warning(
+            "fewer GPUs than the engines take; they share the visible ones",
+            visible=visible, needed=need, rule="engine_num x tensor_parallel_size + auxiliary models",
+        )  # fmt: skip
+    return engine_devices(config.explorer, visible)
+
+
 def _stop_process() -> None:
     """Ask `service_main` to stop gracefully (its SIGTERM handler drains RPCs and closes)."""
     stop_service(0)
@@ -132,10 +159,37 @@ async def attach_synchronizer(
         fetch = CheckpointFetch(core.load_weights)
     else:
         fetch = BroadcastFetch(client, receiver.setup, receiver.receive)
+    if config.mode == "both":
+        trainer_step = await _trainer_step(client, config.synchronizer.sync_timeout)
+        core.rewind_to(trainer_step)
     await client.register(step=core.step, model_version=core.model_version)
     await client.start()
     core.gate = ExplorerSyncGate(client, fetch)
     return client
+
+
+async def _trainer_step(client: SyncClient, timeout_s: float) -> int:
+    """The step of the run's trainer, once one has registered (waits up to `timeout_s`)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    backoff = 0.05
+    while True:
+        try:
+            state = await client.get_run_state()
+            trainers = [m for m in state.members if m.role == synchronizer_pb2.MEMBER_ROLE_TRAINER]
+            alive = [m for m in trainers if m.status not in _GONE]
+            if alive:
+                return int(alive[0].step)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                raise
+        if loop.time() + backoff > deadline:
+            raise SyncWaitTimeout(
+                f"no trainer registered with the synchronizer within {timeout_s:g}s "
+                "(an explorer of a mode-both run resumes at the trainer's step)"
+            )
+        await asyncio.sleep(backoff)  # ok-sleep: polling the synchronizer with a deadline
+        backoff = min(backoff * 2, 1.0)
 
 
 async def _auto_run(core: ExplorerCore, client: SyncClient | None) -> None:
@@ -182,8 +236,8 @@ def make_build(explorer_id: str | None = None, shard: str | None = None):
                 runner.cancel()
                 await asyncio.gather(runner, return_exceptions=True)
             if client is not None:
-                if not reported:
-                    await client.stop()
+                if not reported:  # stopped by a signal before its data ended: it may come back
+                    await client.stop(common_pb2.MEMBER_STATUS_LOST)
                 await client.close()
             await core.close()
 

@@ -5,9 +5,11 @@ only through their process interface (port file, gRPC health, SIGTERM) and the f
 (metrics, checkpoints). It imports `services.common` and libraries only.
 
     plan.py          stages, which processes each mode needs, the config every process reads
+    gpus.py          which GPUs each process sees (CUDA_VISIBLE_DEVICES from cluster.gpu_per_node)
     preflight.py     Redis answers, monitor package installed, model folder there (before any start)
     processes.py     one child process: log file, port file, health, SIGTERM then SIGKILL
-    runner.py        one stage: start in waves, supervise, stop in order
+    runner.py        one stage: its processes, the progress display, the offline-data feeder
+    supervisor.py    start in waves, supervise, restart what fails (`services.max_restarts`), stop in order
     offline_data.py  SFT rows -> experiences into a train stage's buffer
     progress.py      live progress from metrics/*.jsonl (rich on a TTY, log lines otherwise)
     summary.py       summary.json per stage and for the run
@@ -28,6 +30,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from services.common.config import ConfigError, RFTConfig, load_config, resolve
+from services.common.config.gpus import GpuPlacementError
+from services.launch.gpus import stage_gpus
 from services.launch.plan import Stage, plan_stages
 from services.launch.preflight import PreflightError, preflight
 from services.launch.runner import StageFailed, StageOptions, StageRun, train_batch_size
@@ -152,6 +156,12 @@ def run(
         return EXIT_CONFIG
     if explorers < 1:
         _err("--explorers must be >= 1")
+        return EXIT_CONFIG
+    try:  # every stage's GPUs fit before the first one starts
+        for stage in stages:
+            stage_gpus(stage.config, explorers, os.environ)
+    except GpuPlacementError as exc:
+        _err(f"{f'stage {stage.name!r}: ' if stage.name else ''}{exc}")
         return EXIT_CONFIG
     try:
         preflight([s.config for s in stages])

@@ -6,12 +6,16 @@ Children run in their own session so a Ctrl-C in the terminal reaches only `rft 
 stops them in order (explorers and trainer first, so the trainer flushes its checkpoint while the
 buffer is still up). On Linux each child also gets `PR_SET_PDEATHSIG`: if `rft run` itself dies
 without cleaning up (SIGKILL), the kernel sends the child SIGTERM, so no orphan keeps running.
+
+The child sets that itself, in a few lines of Python that then exec the service (same pid), rather than
+in a `preexec_fn`: a preexec_fn makes subprocess fork() instead of vfork(), and fork() runs gRPC's
+atfork handlers, which can hang the launcher or crash the child while the launcher's own gRPC calls
+(health checks of restarted services, the offline-data feeder) are in flight.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
@@ -22,12 +26,24 @@ from pathlib import Path
 
 from services.common.healthcheck import check as health_check
 
-_PR_SET_PDEATHSIG = 1
+# argv: the launcher's pid, then the command. prctl 1 = PR_SET_PDEATHSIG; exits if the launcher is gone.
+_DIE_WITH_PARENT = """\
+import ctypes, os, signal, sys
+try:
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+except OSError:
+    pass
+if os.getppid() != int(sys.argv[1]):
+    sys.exit(1)
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+def _with_parent(argv: Sequence[str]) -> list[str]:
+    """`argv`, run so that it dies with this process (Linux; elsewhere `argv` as it is)."""
+    if not sys.platform.startswith("linux"):
+        return list(argv)
+    return [sys.executable, "-I", "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]
 
 
 def tail(path: Path, lines: int = 20) -> str:
@@ -57,22 +73,23 @@ class ServiceProcess:
     proc: subprocess.Popen[bytes] | None = None
     port: int | None = None
 
-    def start(self, cwd: Path | None = None) -> None:
+    def start(self, cwd: Path | None = None, extra_env: Mapping[str, str] | None = None) -> None:
+        """Start (or start again, after it exited): the port is read anew from the port file."""
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        self.port = None
         if self.port_file is not None:
             self.port_file.parent.mkdir(parents=True, exist_ok=True)
             self.port_file.unlink(missing_ok=True)
         log = self.log_file.open("ab")
         try:
             self.proc = subprocess.Popen(
-                list(self.argv),
+                _with_parent(self.argv),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, **self.env},
+                env={**os.environ, **self.env, **(extra_env or {})},
                 cwd=cwd,
                 start_new_session=True,
-                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
             )
         finally:
             log.close()
@@ -136,3 +153,13 @@ class ServiceProcess:
 
     def tail(self, lines: int = 20) -> str:
         return tail(self.log_file, lines)
+
+
+def describe_exit(code: int) -> str:
+    """'exited with code 1', or 'exited with code -9 (killed by SIGKILL)' for a signal."""
+    if code < 0:
+        try:
+            return f"exited with code {code} (killed by {signal.Signals(-code).name})"
+        except ValueError:
+            return f"exited with code {code} (killed by signal {-code})"
+    return f"exited with code {code}"

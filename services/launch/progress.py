@@ -4,6 +4,12 @@
 `MetricsTail` follows one file (only whole lines, from where it stopped). `Progress` keeps the latest
 numbers and renders them: a live rich table on a terminal, a plain log line per new trainer step
 (at most one every `plain_interval_s`) otherwise.
+
+The files outlive processes: a resumed run finds the lines of the one before, and a restarted trainer
+rewinds to its checkpoint and writes those steps again. So the step shown is the last line's (not the
+largest ever seen), and the ETA is the rate of the steps written since the current process started:
+measured from the newest step of the first poll that read lines, measured anew when the step goes
+back or a process was restarted (`restarted()`), never from lines that were already there.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -55,7 +62,8 @@ class Progress:
     """Latest step, reward, tokens/s, model_version and ETA of one stage."""
 
     def __init__(self, job_dir: Path, label: str, total_steps: int | None, stream: TextIO | None = None,
-                 live: bool | None = None, plain_interval_s: float = 2.0):  # fmt: skip
+                 live: bool | None = None, plain_interval_s: float = 2.0,
+                 clock: Callable[[], float] = time.monotonic):  # fmt: skip
         self.label = label
         self.total_steps = total_steps
         self.stream = stream or sys.stdout
@@ -71,42 +79,53 @@ class Progress:
         self.tokens_per_s: float | None = None
         self.model_version: float | None = None
         self.loss: tuple[str, float] | None = None
-        self._t0 = time.monotonic()
-        self._first_step_t: tuple[float, int] | None = None
+        self._clock = clock
+        self._t0 = clock()
+        self._explorer_steps: dict[Path, int] = {}
+        # (when, trainer step) the ETA's rate is measured from; None: from the next line read
+        self._rate_from: tuple[float, int] | None = None
         self._last_plain = 0.0
         self._printed_step = -1
         self._live: Any = None
 
     # ------------------------------------------------------------------ reading
     def poll(self) -> None:
-        for rec in self._trainer.read_new():
+        records = self._trainer.read_new()
+        for rec in records:
             step = int(rec.get("step", 0))
-            if self._first_step_t is None:
-                self._first_step_t = (time.monotonic(), step)
-            self.trainer_step = max(self.trainer_step, step)
+            if step < self.trainer_step:
+                self._rate_from = None  # a restarted trainer rewound to its checkpoint
+            self.trainer_step = step
             for key in ("actor/pg_loss", "actor/sft_loss", "critic/vf_loss"):
                 if rec.get(key) is not None:
                     self.loss = (key, float(rec[key]))
                     break
+        if records and self._rate_from is None:
+            self._rate_from = (self._clock(), self.trainer_step)
         for path in sorted(self._explorer_dir.glob("explorer*.jsonl")):
             tail = self._explorers.setdefault(path, MetricsTail(path))
             for rec in tail.read_new():
                 if "rollout/reward/mean" not in rec:
                     continue  # eval / bench lines
-                self.explorer_step = max(self.explorer_step, int(rec.get("step", 0)))
+                self._explorer_steps[path] = int(rec.get("step", 0))
                 self.reward = rec.get("rollout/reward/mean")
                 self.tokens_per_s = rec.get("rollout/tokens_per_s")
                 self.model_version = rec.get("rollout/model_version")
+        self.explorer_step = max(self._explorer_steps.values(), default=0)
+
+    def restarted(self) -> None:
+        """A process was restarted: the steps before it say nothing about the rate from now on."""
+        self._rate_from = None
 
     @property
     def eta_s(self) -> float | None:
-        if not self.total_steps or self._first_step_t is None:
+        if not self.total_steps or self._rate_from is None:
             return None
-        t_first, s_first = self._first_step_t
-        done = self.trainer_step - s_first
+        t_from, s_from = self._rate_from
+        done = self.trainer_step - s_from
         if done <= 0:
             return None
-        rate = (time.monotonic() - t_first) / done
+        rate = (self._clock() - t_from) / done
         return max(0.0, (self.total_steps - self.trainer_step) * rate)
 
     # ------------------------------------------------------------------ rendering
@@ -121,7 +140,7 @@ class Progress:
         if self.loss is not None:
             parts.append(f"{self.loss[0]} {self.loss[1]:.4f}")
         eta = self.eta_s
-        parts.append(f"elapsed {time.monotonic() - self._t0:.0f}s")
+        parts.append(f"elapsed {self._clock() - self._t0:.0f}s")
         if eta is not None:
             parts.append(f"ETA {eta:.0f}s")
         return "  ".join(parts)
@@ -141,7 +160,7 @@ class Progress:
             _fmt(self.tokens_per_s, ".0f"),
             _fmt(self.model_version, ".0f"),
             f"{self.loss[1]:.4f}" if self.loss else "-",
-            f"{time.monotonic() - self._t0:.0f}s",
+            f"{self._clock() - self._t0:.0f}s",
             "-" if eta is None else f"{eta:.0f}s",
         )
         return table
@@ -158,7 +177,7 @@ class Progress:
         if self._live is not None:
             self._live.update(self._table())
             return
-        now = time.monotonic()
+        now = self._clock()
         if self.trainer_step != self._printed_step and now - self._last_plain >= self.plain_interval_s:
             self._printed_step, self._last_plain = self.trainer_step, now
             print(self.line(), file=self.stream, flush=True)

@@ -207,7 +207,8 @@ class SynchronizerCore:
                 other = [m.member_id for m in self.members.values() if m.role == Role.TRAINER and m.alive]
                 if other and other != [member_id]:
                     raise WrongState(f"trainer {other[0]!r} is already registered and alive")
-                self.trainer_step = max(self.trainer_step, step)
+                # a restarted trainer resumed from its checkpoint: its step may be behind the old one
+                self.trainer_step = step
             self._seq += 1
             self.members[member_id] = Member(
                 member_id, role, MemberStatus.RUNNING, step, model_version, address, max(1, workers),

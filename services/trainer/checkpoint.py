@@ -9,7 +9,12 @@ Layout (one folder per saved step; `role` is `actor` or `critic`):
     global_step_N/<role>/extra_state_rank_R.pt    LR scheduler + RNG states of rank R
     global_step_N/trainer_state.json              step, consumed samples, model version, KL coef
     global_step_N/huggingface/                    config + tokenizer + model.safetensors (HF export)
+    global_step_N/lineage.jsonl                   uids trained by every step up to N (the trainer core)
     latest_checkpointed_iteration.txt             written last, when every file above is on disk
+
+A step is durable once the marker names it (`durable_step`); the trainer acks a step's batch only
+then. Folders of steps after the marker's (a save cut short, or steps of a run that resumed from an
+earlier checkpoint) are discarded on resume (`discard_after`).
 
 Saving is split: the collective part (gathering or staging tensors into private CPU copies) runs on
 the caller's thread, the file writing in a background thread, so the next step starts at once.
@@ -21,6 +26,7 @@ after the marker moves on.
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import threading
@@ -45,7 +51,7 @@ from torch.distributed.checkpoint.state_dict import (
 from services.trainer.distributed import DistInfo
 from services.trainer.fsdp import full_state_dict, load_full_state_dict
 
-__all__ = ["CheckpointManager", "Role", "find_latest", "step_dir"]
+__all__ = ["CheckpointManager", "Role", "discard_after", "find_latest", "step_dir"]
 
 MARKER = "latest_checkpointed_iteration.txt"
 STATE_FILE = "trainer_state.json"
@@ -67,6 +73,17 @@ def find_latest(job_dir: Path) -> Path | None:
     if not (folder / STATE_FILE).is_file():
         raise FileNotFoundError(f"{marker} names step {text} but {folder / STATE_FILE} is missing")
     return folder
+
+
+def discard_after(job_dir: Path, step: int) -> list[int]:
+    """Delete every `global_step_N` folder with N > `step`; returns the steps deleted."""
+    gone = []
+    for folder in Path(job_dir).glob("global_step_*"):
+        suffix = folder.name.removeprefix("global_step_")
+        if suffix.isdigit() and int(suffix) > step:
+            shutil.rmtree(folder, ignore_errors=True)
+            gone.append(int(suffix))
+    return sorted(gone)
 
 
 @dataclass
@@ -114,6 +131,7 @@ class CheckpointManager:
     _threads: list[threading.Thread] = field(default_factory=list)
     _errors: list[BaseException] = field(default_factory=list)
     _ckpt_group: Any = None
+    durable_step: int = -1  # the newest step this manager made durable (marker written; rank 0)
 
     def __post_init__(self) -> None:
         self.job_dir = Path(self.job_dir)
@@ -186,7 +204,10 @@ class CheckpointManager:
                 (folder / STATE_FILE).write_text(json.dumps(state, indent=1, sort_keys=True))
                 tmp = self.job_dir / (MARKER + ".tmp")
                 tmp.write_text(str(step))
+                with tmp.open("rb+") as fh:  # durable means on disk, not in the page cache
+                    os.fsync(fh.fileno())
                 tmp.replace(self.job_dir / MARKER)
+                self.durable_step = max(self.durable_step, step)
                 self._prune(step)
         except BaseException as exc:  # surfaced by wait() / the next save
             self._errors.append(exc)

@@ -2,15 +2,24 @@
 
 One step: lease `train_batch_size` experiences (whole groups) from the buffer -> collate -> the
 engine's step (log-probs, reward shaping, advantages, updates) -> commit (step counter and data
-position move on; a checkpoint is started when due) -> ack the lease -> metrics to the Monitor ->
-the sync hook ("after step N, maybe sync weights"; `NoSync` unless a synchronizer is configured).
-The hook runs after the core's lock is released (a sync gathers the weights under that lock).
-A failure before the commit gives the lease back (nack) so the batch is trained exactly once.
+position move on, the step's lineage is recorded; a checkpoint is started when due) -> metrics to the
+Monitor -> the sync hook ("after step N, maybe sync weights"; `NoSync` unless a synchronizer is
+configured). The hook runs after the core's lock is released (a sync gathers the weights under that
+lock). A failure before the commit gives the lease back (nack).
+
+Exactly once into the model: a lease is acked only once a checkpoint holding its step is durable
+(its marker written), so a crash before that gives the batch back. Each checkpoint records the
+lineage (`services.common.lineage`: the uids every step up to it trained) and the leases of its steps
+not yet acked; `prepare` takes the buffer consumer over (`open_consumer`: the restored checkpoint's
+unacked leases are acked, every other lease of the dead predecessor comes back at once, and the
+predecessor is fenced). A step in flight when the task is cancelled runs to its commit first, so a
+stop never leaves weights that hold an update the step counter does not. While the trainer waits
+for data with steps not yet durable it saves, so unacked leases cannot fill the buffer.
 
 A whole run (`run`, started by `trainer.auto_start`) ends at `total_steps`, on `stop`, or when the
 data has ended: once `data_ended()` (the service asks the synchronizer whether every explorer has
-stopped) is true, the trainer keeps training on full batches and stops at the first lease that
-comes back short. While waiting for data it asks the sync hook again (as Trinity-RFT's trainer
+finished its data) is true, the trainer keeps training on full batches and stops at the first lease
+that comes back short. While waiting for data it asks the sync hook again (as Trinity-RFT's trainer
 does), so an explorer waiting for weights a failed sync did not deliver cannot deadlock the run. `finish()` then saves the last step (with the HF export unless
 `save_hf_checkpoint: never`) and waits for the write.
 
@@ -25,13 +34,15 @@ import asyncio
 import dataclasses
 import enum
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+from services.common.buffer_client import LeaseUnknown
 from services.common.experience import Experience
+from services.common.lineage import StepLineage, experience_uid, read_lineage, write_lineage
 from services.common.log import get_logger
 from services.common.monitor import Monitor
-from services.trainer.checkpoint import find_latest
+from services.trainer.checkpoint import discard_after, find_latest, step_dir
 from services.trainer.collate import collate
 from services.trainer.engine import TrainEngine
 from services.trainer.settings import TrainerSettings
@@ -50,6 +61,7 @@ __all__ = [
 
 
 log = get_logger("trainer.core")
+SHUTDOWN_ACK_S = 10.0  # how long a stopping trainer tries to ack its durable steps
 
 
 class PreconditionError(RuntimeError):
@@ -93,6 +105,9 @@ class BatchSource(Protocol):
     async def ack(self, lease_id: str) -> int: ...
 
     async def nack(self, lease_id: str) -> int: ...
+
+    async def open_consumer(self, ack_lease_ids: Sequence[str] = ...) -> Any:
+        """Take this consumer over: ack `ack_lease_ids`, release the predecessor's other leases."""
 
 
 class SyncHook(Protocol):
@@ -142,8 +157,10 @@ class TrainerCore:
         self._lock = asyncio.Lock()
         self._saved_step = -1
         self._hf_step = -1
-        self._ack: asyncio.Task[None] | None = None  # the last step's ack, sent while its sync runs
+        self._ack: asyncio.Task[None] | None = None  # acks of durable steps, sent while a step runs
         self._unlogged: dict[str, float] | None = None  # a committed step's metrics, until written
+        self.lineage: list[StepLineage] = []  # every trained step of the run, restored from checkpoints
+        self._unacked: list[tuple[int, str]] = []  # (step, lease id): trained, acked once durable
 
     # ---- lifecycle ----------------------------------------------------------------------------
     async def prepare(self) -> None:
@@ -151,6 +168,7 @@ class TrainerCore:
         if self.state is not TrainerState.STARTING:
             raise PreconditionError(f"prepare() called in state {self.state.value}")
         folder = find_latest(self.settings.job_dir) if self.settings.resume else None
+        unacked: list[str] = []
         if folder is not None:
             async with self._lock:
                 state = await asyncio.to_thread(self.engine.load_checkpoint, str(folder))
@@ -159,6 +177,19 @@ class TrainerCore:
             self.model_version = int(state.get("model_version", self.global_step))
             self.last_checkpoint = str(folder)
             self._saved_step = self.global_step
+            self.lineage = await asyncio.to_thread(read_lineage, folder)
+            unacked = [str(lid) for lid in state.get("unacked_leases", [])]
+        if self.settings.resume:  # folders after the restored step hold steps that are trained again
+            await asyncio.to_thread(discard_after, self.settings.job_dir, self.global_step)
+        if self.source is not None:
+            opened = await self.source.open_consumer(unacked)
+            log.info(
+                "buffer consumer taken over",
+                step=self.global_step,
+                epoch=getattr(opened, "epoch", None),
+                acked=getattr(opened, "acked", None),
+                released=getattr(opened, "released", None),
+            )
         self.state = TrainerState.READY
 
     @property
@@ -210,14 +241,39 @@ class TrainerCore:
             self.monitor.log(metrics, self.global_step)
 
     async def _settle_ack(self) -> None:
-        """Wait for the previous step's ack (an error surfaces here, before the next lease)."""
+        """Wait for the acks in flight (an error surfaces here, before the next lease)."""
         ack, self._ack = self._ack, None
         if ack is not None:
             await ack
 
+    def _start_acks(self) -> None:
+        """Ack, in the background, the leases of every step a durable checkpoint holds."""
+        if self._ack is not None or self.source is None:
+            return
+        durable = self.engine.durable_step()
+        ready = [(s, lid) for s, lid in self._unacked if s <= durable]
+        if ready:
+            self._ack = asyncio.create_task(self._ack_leases(ready))
+
+    async def _ack_leases(self, ready: list[tuple[int, str]]) -> None:
+        assert self.source is not None
+        for item in ready:
+            try:
+                await self.source.ack(item[1])
+            except LeaseUnknown as exc:  # the buffer forgot it (a memory store that restarted)
+                log.warning("a durable step's lease is unknown to the buffer", step=item[0], error=str(exc))
+            self._unacked.remove(item)
+
+    async def _ack_durable(self) -> None:
+        """Ack every lease a durable checkpoint holds, now (end of a run, shutdown)."""
+        await self._settle_ack()
+        self._start_acks()
+        await self._settle_ack()
+
     async def _step_locked(self, timeout_ms: int) -> dict[str, float]:
         assert self.source is not None
         await self._settle_ack()
+        self._start_acks()
         size = self.settings.train_batch_size
         t0 = time.perf_counter()
         min_version = max(0, self.model_version - self.max_staleness) if self.max_staleness is not None else 0
@@ -230,17 +286,27 @@ class TrainerCore:
                 f"only {len(experiences)} of {size} experiences arrived within {timeout_ms} ms"
             )
         t1 = time.perf_counter()
+        cancelled = False
         try:
             step_batch = collate(experiences, self.engine.pad_token_id)
-            metrics = await asyncio.to_thread(self.engine.train_step, step_batch)
+            work = asyncio.ensure_future(asyncio.to_thread(self.engine.train_step, step_batch))
+            try:
+                metrics = await asyncio.shield(work)
+            except asyncio.CancelledError:
+                # the update runs on in its thread: let it end and commit it, then stop
+                metrics, cancelled = await work, True
         except BaseException:
             await self.source.nack(leased.lease_id)
             self.state = TrainerState.FAILED
             raise
-        # commit: the weights moved, so do the step counter and the data position
+        # commit: the weights moved, so do the step counter, the data position and the lineage
         self.global_step += 1
         self.model_version = self.global_step
         self.consumed_samples += len(experiences)
+        self.lineage.append(
+            StepLineage(self.global_step, leased.lease_id, tuple(experience_uid(e.eid) for e in experiences))
+        )
+        self._unacked.append((self.global_step, leased.lease_id))
         t2 = time.perf_counter()
         metrics = dict(metrics) | {
             "timing_s/read_experience": t1 - t0,
@@ -249,19 +315,27 @@ class TrainerCore:
             "sample/task_count": float(len({e.eid.group_id for e in experiences})),
         }
         self._unlogged = metrics  # from here on the step is committed (see `_log_committed`)
+        if cancelled:
+            raise asyncio.CancelledError
         if self._save_due():
             await self._save_locked(block=False, save_as_hf=self._hf_due())
-        # the ack goes out while the weight sync runs (settled before the next lease, at the end of
-        # the run and at shutdown), so it is off the path from the update to the explorer
-        self._ack = asyncio.create_task(self.source.ack(leased.lease_id))
+        # acks of durable steps go out while the next step and the weight sync run (settled before
+        # the next lease, at the end of the run and at shutdown), off the path to the explorer
+        self._start_acks()
         t3 = time.perf_counter()
         metrics["timing_s/save_checkpoint"] = t3 - t2
         metrics["timing_s/step"] = t3 - t0
+        metrics["trainer/unacked_steps"] = float(len(self._unacked))
         return metrics
 
     def _save_due(self) -> bool:
         s = self.settings
-        return self.finished or bool(s.save_interval and self.global_step % s.save_interval == 0)
+        # batches wait in the buffer, unacked, until a durable step holds them: save before they
+        # take half its room, whatever `save_interval` says, so producers never stall on them
+        held = len(self._unacked) * s.train_batch_size
+        crowded = held + s.train_batch_size > s.buffer_capacity // 2
+        crowded = crowded and self.engine.durable_step() >= self._saved_step  # no save in flight
+        return self.finished or crowded or bool(s.save_interval and self.global_step % s.save_interval == 0)
 
     def _hf_due(self) -> bool:
         policy = self.settings.save_hf_checkpoint
@@ -274,9 +348,14 @@ class TrainerCore:
             "consumed_samples": self.consumed_samples,
             "model_version": self.model_version,
             "world_size": self.engine.world_size,
+            # leases of the saved steps not acked yet: acked by the next trainer's open_consumer
+            "unacked_leases": [lid for _, lid in self._unacked],
         }
 
     async def _save_locked(self, block: bool, save_as_hf: bool) -> tuple[str, str]:
+        # the lineage goes on disk before the engine writes the marker that makes the step durable
+        folder = step_dir(self.settings.job_dir, self.global_step)
+        await asyncio.to_thread(_write_lineage, folder, list(self.lineage))
         path = await asyncio.to_thread(
             self.engine.save_checkpoint, self.global_step, self.trainer_state(), save_as_hf, block
         )
@@ -289,14 +368,18 @@ class TrainerCore:
     async def save_checkpoint(
         self, block_until_saved: bool = False, save_as_hf: bool = False
     ) -> tuple[int, str, str]:
-        """Save `global_step_<step>` now (unless this step is saved already, then only wait/export)."""
+        """Save `global_step_<step>` now (unless this step is saved already, then only wait/export);
+        with `block_until_saved`, the batches of the steps it holds are acked before it returns."""
         self._require(TrainerState.READY)
         async with self._lock:
             if self._saved_step == self.global_step and not save_as_hf:
                 if block_until_saved:
                     await asyncio.to_thread(self.engine.wait_for_save)
+                    await self._ack_durable()
                 return self.global_step, self.last_checkpoint, ""
             path, hf = await self._save_locked(block_until_saved, save_as_hf)
+            if block_until_saved:  # the steps it holds are durable: their batches are acked now
+                await self._ack_durable()
             return self.global_step, path, hf
 
     async def wait_for_save(self) -> None:
@@ -319,6 +402,9 @@ class TrainerCore:
             except NoBatchError:
                 if draining:
                     break
+                if self._saved_step != self.global_step and self._unacked:
+                    # no data while leases wait for a durable step: save, so the acks free the buffer
+                    await self.save_checkpoint()
                 if self.global_step:  # an explorer may wait for weights the last sync failed to send
                     await self.sync_hook.after_step(self.global_step)
                 # checked after a short lease, so one more lease sees everything put before the end
@@ -337,19 +423,31 @@ class TrainerCore:
             ):
                 await self._save_locked(block=True, save_as_hf=hf)
             await asyncio.to_thread(self.engine.wait_for_save)
+            await self._ack_durable()
         return self.last_checkpoint
 
     async def shutdown(self, wait_for_save: bool = True) -> None:
-        """Flush pending saves (when asked), release the worker ranks and stop."""
+        """Stop: save the last committed step unless saved (when `wait_for_save`; a stop by SIGTERM
+        or SIGINT keeps every trained step), ack what is durable, release the worker ranks."""
         if self.state is TrainerState.STOPPED:
             return
         async with self._lock:
             try:
                 await self._settle_ack()
-            except Exception as exc:  # the lease expires and the batch is redelivered; say so
-                log.warning("last ack failed", error=f"{type(exc).__name__}: {exc}")
-            if wait_for_save:
-                await asyncio.to_thread(self.engine.wait_for_save)
+                if (
+                    wait_for_save
+                    and self.state is TrainerState.READY
+                    and 0 < self.global_step != self._saved_step
+                ):
+                    log.info("saving the last trained step before stopping", step=self.global_step)
+                    await self._save_locked(block=True, save_as_hf=False)
+                if wait_for_save:
+                    await asyncio.to_thread(self.engine.wait_for_save)
+                    # bounded: a buffer that is gone cannot be waited for; the checkpoint lists the
+                    # leases still unacked and the next trainer acks them when it takes over
+                    await asyncio.wait_for(self._ack_durable(), SHUTDOWN_ACK_S)
+            except Exception as exc:  # unacked steps are delivered again after a restart; say so
+                log.warning("stop: the last save or ack failed", error=f"{type(exc).__name__}: {exc}")
             self.state = TrainerState.STOPPED
             await asyncio.to_thread(self.engine.close)
             if self.monitor is not None:
@@ -365,3 +463,8 @@ class TrainerCore:
             "last_checkpoint": self.last_checkpoint,
             "last_metrics": dict(self.last_metrics),
         }
+
+
+def _write_lineage(folder: Any, steps: list[StepLineage]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    write_lineage(folder, steps)

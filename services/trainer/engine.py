@@ -16,7 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from services.trainer.collate import StepBatch
-from services.trainer.distributed import CommandChannel, DistInfo
+from services.trainer.distributed import CommandChannel, DistInfo, leave_process_group
 from services.trainer.settings import TrainerSettings
 from services.trainer.worker import FSDPWorker
 
@@ -41,6 +41,9 @@ class TrainEngine(Protocol):
 
     def wait_for_save(self) -> None:
         """Block until pending saves are on disk and the latest marker is written."""
+
+    def durable_step(self) -> int:
+        """The newest step whose checkpoint is complete on disk (-1: none); cheap, no collective."""
 
     def load_checkpoint(self, folder: str) -> dict[str, Any]:
         """Restore weights, optimizer, scheduler and RNG; returns the saved trainer state."""
@@ -94,6 +97,9 @@ class FSDPEngine:
     def wait_for_save(self) -> None:
         self.channel.run("wait_for_save")
 
+    def durable_step(self) -> int:
+        return self.worker.checkpoints.durable_step
+
     def load_checkpoint(self, folder: str) -> dict[str, Any]:
         return self.channel.run("load_checkpoint", folder)
 
@@ -106,3 +112,4 @@ class FSDPEngine:
 
     def close(self) -> None:
         self.channel.stop_workers()
+        leave_process_group(self.info)

@@ -9,19 +9,23 @@ synchronizer; checkpoint: writes and notifies; nccl: joins the group the synchro
 broadcasts) on the synchronizer's plan. Without one, weights move only on SyncWeights RPCs.
 
 `trainer.auto_start`: the service trains on its own (`TrainerCore.run`) until `total_steps` or, with
-a synchronizer, until every explorer that joined has left (STOPPED: its data or total_steps ran out,
-or FAILED; a LOST one may come back, so it is waited for) and the buffer holds less than a batch; then it
-saves the last step (HF export per `save_hf_checkpoint`), reports STOPPED to the synchronizer (which
-ends the run for the explorers) and stops its process: exit code 0, or 1 with an `trainer failed`
-log line when a step, a sync or the save failed (reported to the synchronizer as FAILED).
+a synchronizer, until every explorer that joined has finished its data (STOPPED; a FAILED or LOST one
+may be restarted, so it is waited for) and the buffer holds less than a batch ("data exhausted" in the
+log); then it saves the last step (HF export per `save_hf_checkpoint`), reports STOPPED to the
+synchronizer (which ends the run for the explorers) and stops its process: exit code 0, or 1 with an
+`trainer failed` log line when a step, a sync or the save failed (reported to the synchronizer as
+FAILED). Stopped by SIGTERM/SIGINT before the end, it lets the step in flight commit, saves it, acks
+what is durable and leaves as LOST (the run is not over: a restarted trainer continues it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 from collections.abc import Awaitable, Callable, Sequence
 
+import grpc
 from rft.v1 import common_pb2, synchronizer_pb2
 
 from services.common.app import stop_service
@@ -35,7 +39,7 @@ from services.common.sync_client import SyncClient
 from services.common.sync_hooks import TrainerSyncHook
 from services.common.weight_sync import TransportOptions, WeightSyncError
 from services.trainer.core import PreconditionError, TrainerCore
-from services.trainer.distributed import DistInfo, ensure_process_group
+from services.trainer.distributed import DistInfo, ensure_process_group, leave_process_group
 from services.trainer.engine import FSDPEngine
 from services.trainer.servicer import TrainerServicer, registration
 from services.trainer.settings import TrainerSettings
@@ -44,6 +48,7 @@ from services.trainer.weight_sync import WeightSync
 __all__ = ["build", "build_core", "run_worker_rank"]
 
 log = get_logger("trainer")
+Status = common_pb2.MemberStatus
 LEASE_WAIT_MS = 1000  # one lease wait of the auto-started loop (how soon the end of the data is seen)
 TRAINER_MEMBER_ID = "trainer"
 
@@ -121,13 +126,16 @@ async def build(config: RFTConfig) -> tuple[Sequence[Registration], Callable[[],
     async def close() -> None:
         reported = runner is not None and runner.done()  # the run told the synchronizer how it ended
         if runner is not None and not runner.done():
-            runner.cancel()
+            runner.cancel()  # a step in flight commits first (TrainerCore)
             await asyncio.gather(runner, return_exceptions=True)
         await weight_sync.close()
-        await core.shutdown(wait_for_save=True)
+        await core.shutdown(wait_for_save=True)  # saves the last trained step
         if client is not None:
             if not reported:
-                await client.stop()  # a stopped trainer ends the run for the explorers
+                # stopped before the end of the run: not STOPPED (that ends the run for the
+                # explorers), LOST, as a crash would be; a restarted trainer continues the run
+                status = Status.MEMBER_STATUS_STOPPED if core.finished else Status.MEMBER_STATUS_LOST
+                await client.stop(status)
             await client.close()
         await buffer_channel.close()
 
@@ -162,10 +170,19 @@ def _logged(weight_sync: WeightSync):
     return sync
 
 
+# The synchronizer is restarting (UNAVAILABLE, or it forgot this member: NOT_FOUND until the heartbeat
+# loop registers again) or slow: the sync is skipped, and a later one sends newer weights.
+_SYNCHRONIZER_AWAY = (
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+)
+
+
 class _TransferFailureTolerant:
-    """A sync that failed in the transport (a broadcast member died, the group timed out) is logged
-    and skipped: the step stands, the synchronizer started a new group generation, and the next
-    sync (after a later step, or while waiting for data) sends newer weights. Other errors stop."""
+    """A sync that failed in the transport (a broadcast member died, the group timed out) or because
+    the synchronizer is away is logged and skipped: the step stands, and the next sync (after a later
+    step, or while waiting for data) sends newer weights. Other errors stop."""
 
     def __init__(self, hook: TrainerSyncHook):
         self.hook = hook
@@ -173,6 +190,14 @@ class _TransferFailureTolerant:
     async def after_step(self, step: int):
         try:
             return await self.hook.after_step(step)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() not in _SYNCHRONIZER_AWAY:
+                raise
+            log.warning("synchronizer unreachable; sync skipped", step=step, error=exc.code().name)
+            if exc.code() == grpc.StatusCode.NOT_FOUND:  # a restarted synchronizer: join it again now
+                with contextlib.suppress(grpc.aio.AioRpcError):
+                    await self.hook.client.register(step=step)
+            return {"sync/failed": 1.0}
         except (WeightSyncError, PreconditionError) as exc:
             if not isinstance(exc, WeightSyncError) and not isinstance(exc.__cause__, WeightSyncError):
                 raise
@@ -181,12 +206,16 @@ class _TransferFailureTolerant:
 
 
 async def _explorers_stopped(client: SyncClient) -> bool:
-    """Every explorer that joined the run has left it (STOPPED: its data ended, or FAILED), and at
-    least one joined. A LOST explorer may register again, so it is waited for."""
-    state = await client.get_run_state()
+    """Every explorer that joined the run has finished (STOPPED: its data or total_steps ran out),
+    and at least one joined. A FAILED or LOST explorer may be restarted, so it is waited for."""
+    try:
+        state = await client.get_run_state()
+    except grpc.aio.AioRpcError as exc:
+        if exc.code() not in _SYNCHRONIZER_AWAY:
+            raise
+        return False
     explorers = [m for m in state.members if m.role == synchronizer_pb2.MEMBER_ROLE_EXPLORER]
-    gone = (common_pb2.MEMBER_STATUS_STOPPED, common_pb2.MEMBER_STATUS_FAILED)
-    return bool(explorers) and all(m.status in gone for m in explorers)
+    return bool(explorers) and all(m.status == common_pb2.MEMBER_STATUS_STOPPED for m in explorers)
 
 
 async def _drive(core: TrainerCore, client: SyncClient | None) -> None:
@@ -197,7 +226,18 @@ async def _drive(core: TrainerCore, client: SyncClient | None) -> None:
         log.info("training", start_step=core.global_step, total_steps=core.settings.total_steps)
         await core.run(timeout_ms=LEASE_WAIT_MS, data_ended=ended)
         path = await core.finish()
-        log.info("run finished", step=core.global_step, checkpoint=path)
+        reason = (
+            "total_steps reached"
+            if core.finished
+            else "data exhausted: every explorer finished its data and the buffer holds less than a batch"
+        )
+        log.info(
+            "run finished",
+            reason=reason,
+            step=core.global_step,
+            total_steps=core.settings.total_steps,
+            checkpoint=path,
+        )
     except asyncio.CancelledError:
         raise
     except Exception as exc:
@@ -214,4 +254,5 @@ def run_worker_rank(config: RFTConfig) -> int:
     engine = FSDPEngine(TrainerSettings.from_config(config), info)
     engine.serve_workers()
     engine.worker.wait_for_save()
+    leave_process_group(info)
     return 0

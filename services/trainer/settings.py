@@ -120,6 +120,8 @@ class TrainerSettings:
     resume: bool
     seed: int = 42
     dtype: str = "auto"
+    # the buffer's capacity (experiences): batches held unacked until a durable step count against it
+    buffer_capacity: int = 10_000
 
     @property
     def use_reference(self) -> bool:
@@ -216,4 +218,5 @@ class TrainerSettings:
             max_checkpoints_to_keep=tr.max_checkpoints_to_keep,
             resume=config.continue_from_checkpoint,
             seed=int(extra.get("seed", 42)),
+            buffer_capacity=config.buffer.trainer_input.experience_buffer.capacity,
         )

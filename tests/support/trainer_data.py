@@ -112,3 +112,9 @@ class OrderedBuffer:
         """Give back every open lease (the consumer died)."""
         self._queue.extend(self._leased.values())
         self._leased.clear()
+
+    async def open_consumer(self, ack_lease_ids=()):
+        """A trainer (re)starts: ack the leases its checkpoint holds, give every other one back."""
+        for lease_id in [lid for lid in ack_lease_ids if lid in self._leased]:
+            await self.ack(lease_id)
+        self.restart()

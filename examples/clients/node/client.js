@@ -33,7 +33,8 @@ const USAGE = `usage: node client.js --buffer HOST:PORT [--synchronizer HOST:POR
   --response-length N         response tokens per experience (default 7)
   --vocab-size N              token ids are drawn below this; declared on the batch (default 256)
   --model-version N           model_version stamped on each experience (default 0)
-  --consumer-group NAME       consumer group used to lease them back (default node-client)
+  --consumer-group NAME       consumer group used to lease them back (default node-client; the buffer
+                              must declare it in services.buffer.consumer_groups)
   --producer-id ID            producer and explorer id of the experiences (default node-client)
   --stream                    push with the client-streaming PutExperiences (one batch per group)
   --no-consume                only push; do not lease and ack

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from rft.v1 import experience_pb2 as rft_dot_v1_dot_experience__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13rft/v1/buffer.proto\x12\x06rft.v1\x1a\x17rft/v1/experience.proto\"D\n\x0bPutResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x03\x12\x0f\n\x07\x62\x61tches\x18\x02 \x01(\x03\x12\x12\n\nduplicates\x18\x03 \x01(\x03\"J\n\x0eSequencedBatch\x12&\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x17.rft.v1.ExperienceBatch\x12\x10\n\x08sequence\x18\x02 \x01(\x03\"\x8a\x01\n\x0fGetBatchRequest\x12\x16\n\x0e\x63onsumer_group\x18\x01 \x01(\t\x12\x10\n\x08\x63onsumer\x18\x02 \x01(\t\x12\x0c\n\x04size\x18\x03 \x01(\x05\x12\x12\n\ntimeout_ms\x18\x04 \x01(\x05\x12\x19\n\x11min_model_version\x18\x05 \x01(\x03\x12\x10\n\x08lease_ms\x18\x06 \x01(\x05\"\x90\x01\n\x10GetBatchResponse\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\'\n\x0b\x65xperiences\x18\x02 \x03(\x0b\x32\x12.rft.v1.Experience\x12\x0f\n\x07partial\x18\x03 \x01(\x08\x12\x19\n\x11lease_deadline_ms\x18\x04 \x01(\x03\x12\x15\n\rdropped_stale\x18\x05 \x01(\x03\"6\n\nAckRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x16\n\x0e\x63onsumer_group\x18\x02 \x01(\t\"\x1c\n\x0b\x41\x63kResponse\x12\r\n\x05\x61\x63ked\x18\x01 \x01(\x03\"7\n\x0bNackRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x16\n\x0e\x63onsumer_group\x18\x02 \x01(\t\" \n\x0cNackResponse\x12\x10\n\x08returned\x18\x01 \x01(\x03\"&\n\x0cStatsRequest\x12\x16\n\x0e\x63onsumer_group\x18\x01 \x01(\t\"\xd1\x02\n\rStatsResponse\x12\x0c\n\x04size\x18\x01 \x01(\x03\x12\x10\n\x08\x63\x61pacity\x18\x02 \x01(\x03\x12\x16\n\x0epending_leases\x18\x03 \x01(\x03\x12\x1b\n\x13pending_experiences\x18\x04 \x01(\x03\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x05 \x01(\x03\x12\x10\n\x08rejected\x18\x06 \x01(\x03\x12\x15\n\rdropped_stale\x18\x07 \x01(\x03\x12\x13\n\x0bredelivered\x18\x08 \x01(\x03\x12\r\n\x05\x61\x63ked\x18\t \x01(\x03\x12\x45\n\x11per_model_version\x18\n \x03(\x0b\x32*.rft.v1.StatsResponse.PerModelVersionEntry\x12\r\n\x05store\x18\x0b \x01(\t\x1a\x36\n\x14PerModelVersionEntry\x12\x0b\n\x03key\x18\x01 \x01(\x03\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x32\x9b\x03\n\rBufferService\x12@\n\x0ePutExperiences\x12\x17.rft.v1.ExperienceBatch\x1a\x13.rft.v1.PutResponse(\x01\x12\x33\n\x03Put\x12\x17.rft.v1.ExperienceBatch\x1a\x13.rft.v1.PutResponse\x12;\n\x0cPutSequenced\x12\x16.rft.v1.SequencedBatch\x1a\x13.rft.v1.PutResponse\x12=\n\x08GetBatch\x12\x17.rft.v1.GetBatchRequest\x1a\x18.rft.v1.GetBatchResponse\x12.\n\x03\x41\x63k\x12\x12.rft.v1.AckRequest\x1a\x13.rft.v1.AckResponse\x12\x31\n\x04Nack\x12\x13.rft.v1.NackRequest\x1a\x14.rft.v1.NackResponse\x12\x34\n\x05Stats\x12\x14.rft.v1.StatsRequest\x1a\x15.rft.v1.StatsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13rft/v1/buffer.proto\x12\x06rft.v1\x1a\x17rft/v1/experience.proto\"D\n\x0bPutResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x03\x12\x0f\n\x07\x62\x61tches\x18\x02 \x01(\x03\x12\x12\n\nduplicates\x18\x03 \x01(\x03\"J\n\x0eSequencedBatch\x12&\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x17.rft.v1.ExperienceBatch\x12\x10\n\x08sequence\x18\x02 \x01(\x03\"\x99\x01\n\x0fGetBatchRequest\x12\x16\n\x0e\x63onsumer_group\x18\x01 \x01(\t\x12\x10\n\x08\x63onsumer\x18\x02 \x01(\t\x12\x0c\n\x04size\x18\x03 \x01(\x05\x12\x12\n\ntimeout_ms\x18\x04 \x01(\x05\x12\x19\n\x11min_model_version\x18\x05 \x01(\x03\x12\x10\n\x08lease_ms\x18\x06 \x01(\x05\x12\r\n\x05\x65poch\x18\x07 \x01(\x03\"\x90\x01\n\x10GetBatchResponse\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\'\n\x0b\x65xperiences\x18\x02 \x03(\x0b\x32\x12.rft.v1.Experience\x12\x0f\n\x07partial\x18\x03 \x01(\x08\x12\x19\n\x11lease_deadline_ms\x18\x04 \x01(\x03\x12\x15\n\rdropped_stale\x18\x05 \x01(\x03\"W\n\nAckRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x16\n\x0e\x63onsumer_group\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\x12\x10\n\x08\x63onsumer\x18\x04 \x01(\t\"\x1c\n\x0b\x41\x63kResponse\x12\r\n\x05\x61\x63ked\x18\x01 \x01(\x03\"X\n\x0bNackRequest\x12\x10\n\x08lease_id\x18\x01 \x01(\t\x12\x16\n\x0e\x63onsumer_group\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x03\x12\x10\n\x08\x63onsumer\x18\x04 \x01(\t\"n\n\x13OpenConsumerRequest\x12\x16\n\x0e\x63onsumer_group\x18\x01 \x01(\t\x12\x10\n\x08\x63onsumer\x18\x02 \x01(\t\x12\x15\n\rack_lease_ids\x18\x03 \x03(\t\x12\x16\n\x0ekeep_lease_ids\x18\x04 \x03(\t\"F\n\x14OpenConsumerResponse\x12\r\n\x05\x65poch\x18\x01 \x01(\x03\x12\r\n\x05\x61\x63ked\x18\x02 \x01(\x03\x12\x10\n\x08released\x18\x03 \x01(\x03\" \n\x0cNackResponse\x12\x10\n\x08returned\x18\x01 \x01(\x03\"&\n\x0cStatsRequest\x12\x16\n\x0e\x63onsumer_group\x18\x01 \x01(\t\"\xd1\x02\n\rStatsResponse\x12\x0c\n\x04size\x18\x01 \x01(\x03\x12\x10\n\x08\x63\x61pacity\x18\x02 \x01(\x03\x12\x16\n\x0epending_leases\x18\x03 \x01(\x03\x12\x1b\n\x13pending_experiences\x18\x04 \x01(\x03\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x05 \x01(\x03\x12\x10\n\x08rejected\x18\x06 \x01(\x03\x12\x15\n\rdropped_stale\x18\x07 \x01(\x03\x12\x13\n\x0bredelivered\x18\x08 \x01(\x03\x12\r\n\x05\x61\x63ked\x18\t \x01(\x03\x12\x45\n\x11per_model_version\x18\n \x03(\x0b\x32*.rft.v1.StatsResponse.PerModelVersionEntry\x12\r\n\x05store\x18\x0b \x01(\t\x1a\x36\n\x14PerModelVersionEntry\x12\x0b\n\x03key\x18\x01 \x01(\x03\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x32\xe6\x03\n\rBufferService\x12@\n\x0ePutExperiences\x12\x17.rft.v1.ExperienceBatch\x1a\x13.rft.v1.PutResponse(\x01\x12\x33\n\x03Put\x12\x17.rft.v1.ExperienceBatch\x1a\x13.rft.v1.PutResponse\x12;\n\x0cPutSequenced\x12\x16.rft.v1.SequencedBatch\x1a\x13.rft.v1.PutResponse\x12=\n\x08GetBatch\x12\x17.rft.v1.GetBatchRequest\x1a\x18.rft.v1.GetBatchResponse\x12.\n\x03\x41\x63k\x12\x12.rft.v1.AckRequest\x1a\x13.rft.v1.AckResponse\x12\x31\n\x04Nack\x12\x13.rft.v1.NackRequest\x1a\x14.rft.v1.NackResponse\x12I\n\x0cOpenConsumer\x12\x1b.rft.v1.OpenConsumerRequest\x1a\x1c.rft.v1.OpenConsumerResponse\x12\x34\n\x05Stats\x12\x14.rft.v1.StatsRequest\x1a\x15.rft.v1.StatsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,23 +39,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SEQUENCEDBATCH']._serialized_start=126
   _globals['_SEQUENCEDBATCH']._serialized_end=200
   _globals['_GETBATCHREQUEST']._serialized_start=203
-  _globals['_GETBATCHREQUEST']._serialized_end=341
-  _globals['_GETBATCHRESPONSE']._serialized_start=344
-  _globals['_GETBATCHRESPONSE']._serialized_end=488
-  _globals['_ACKREQUEST']._serialized_start=490
-  _globals['_ACKREQUEST']._serialized_end=544
-  _globals['_ACKRESPONSE']._serialized_start=546
-  _globals['_ACKRESPONSE']._serialized_end=574
-  _globals['_NACKREQUEST']._serialized_start=576
-  _globals['_NACKREQUEST']._serialized_end=631
-  _globals['_NACKRESPONSE']._serialized_start=633
-  _globals['_NACKRESPONSE']._serialized_end=665
-  _globals['_STATSREQUEST']._serialized_start=667
-  _globals['_STATSREQUEST']._serialized_end=705
-  _globals['_STATSRESPONSE']._serialized_start=708
-  _globals['_STATSRESPONSE']._serialized_end=1045
-  _globals['_STATSRESPONSE_PERMODELVERSIONENTRY']._serialized_start=991
-  _globals['_STATSRESPONSE_PERMODELVERSIONENTRY']._serialized_end=1045
-  _globals['_BUFFERSERVICE']._serialized_start=1048
-  _globals['_BUFFERSERVICE']._serialized_end=1459
+  _globals['_GETBATCHREQUEST']._serialized_end=356
+  _globals['_GETBATCHRESPONSE']._serialized_start=359
+  _globals['_GETBATCHRESPONSE']._serialized_end=503
+  _globals['_ACKREQUEST']._serialized_start=505
+  _globals['_ACKREQUEST']._serialized_end=592
+  _globals['_ACKRESPONSE']._serialized_start=594
+  _globals['_ACKRESPONSE']._serialized_end=622
+  _globals['_NACKREQUEST']._serialized_start=624
+  _globals['_NACKREQUEST']._serialized_end=712
+  _globals['_OPENCONSUMERREQUEST']._serialized_start=714
+  _globals['_OPENCONSUMERREQUEST']._serialized_end=824
+  _globals['_OPENCONSUMERRESPONSE']._serialized_start=826
+  _globals['_OPENCONSUMERRESPONSE']._serialized_end=896
+  _globals['_NACKRESPONSE']._serialized_start=898
+  _globals['_NACKRESPONSE']._serialized_end=930
+  _globals['_STATSREQUEST']._serialized_start=932
+  _globals['_STATSREQUEST']._serialized_end=970
+  _globals['_STATSRESPONSE']._serialized_start=973
+  _globals['_STATSRESPONSE']._serialized_end=1310
+  _globals['_STATSRESPONSE_PERMODELVERSIONENTRY']._serialized_start=1256
+  _globals['_STATSRESPONSE_PERMODELVERSIONENTRY']._serialized_end=1310
+  _globals['_BUFFERSERVICE']._serialized_start=1313
+  _globals['_BUFFERSERVICE']._serialized_end=1799
 # @@protoc_insertion_point(module_scope)

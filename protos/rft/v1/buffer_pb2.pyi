@@ -26,20 +26,22 @@ class SequencedBatch(_message.Message):
     def __init__(self, batch: _Optional[_Union[_experience_pb2.ExperienceBatch, _Mapping]] = ..., sequence: _Optional[int] = ...) -> None: ...
 
 class GetBatchRequest(_message.Message):
-    __slots__ = ("consumer_group", "consumer", "size", "timeout_ms", "min_model_version", "lease_ms")
+    __slots__ = ("consumer_group", "consumer", "size", "timeout_ms", "min_model_version", "lease_ms", "epoch")
     CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     MIN_MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     LEASE_MS_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
     consumer_group: str
     consumer: str
     size: int
     timeout_ms: int
     min_model_version: int
     lease_ms: int
-    def __init__(self, consumer_group: _Optional[str] = ..., consumer: _Optional[str] = ..., size: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., min_model_version: _Optional[int] = ..., lease_ms: _Optional[int] = ...) -> None: ...
+    epoch: int
+    def __init__(self, consumer_group: _Optional[str] = ..., consumer: _Optional[str] = ..., size: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., min_model_version: _Optional[int] = ..., lease_ms: _Optional[int] = ..., epoch: _Optional[int] = ...) -> None: ...
 
 class GetBatchResponse(_message.Message):
     __slots__ = ("lease_id", "experiences", "partial", "lease_deadline_ms", "dropped_stale")
@@ -56,12 +58,16 @@ class GetBatchResponse(_message.Message):
     def __init__(self, lease_id: _Optional[str] = ..., experiences: _Optional[_Iterable[_Union[_experience_pb2.Experience, _Mapping]]] = ..., partial: _Optional[bool] = ..., lease_deadline_ms: _Optional[int] = ..., dropped_stale: _Optional[int] = ...) -> None: ...
 
 class AckRequest(_message.Message):
-    __slots__ = ("lease_id", "consumer_group")
+    __slots__ = ("lease_id", "consumer_group", "epoch", "consumer")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     consumer_group: str
-    def __init__(self, lease_id: _Optional[str] = ..., consumer_group: _Optional[str] = ...) -> None: ...
+    epoch: int
+    consumer: str
+    def __init__(self, lease_id: _Optional[str] = ..., consumer_group: _Optional[str] = ..., epoch: _Optional[int] = ..., consumer: _Optional[str] = ...) -> None: ...
 
 class AckResponse(_message.Message):
     __slots__ = ("acked",)
@@ -70,12 +76,38 @@ class AckResponse(_message.Message):
     def __init__(self, acked: _Optional[int] = ...) -> None: ...
 
 class NackRequest(_message.Message):
-    __slots__ = ("lease_id", "consumer_group")
+    __slots__ = ("lease_id", "consumer_group", "epoch", "consumer")
     LEASE_ID_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_FIELD_NUMBER: _ClassVar[int]
     lease_id: str
     consumer_group: str
-    def __init__(self, lease_id: _Optional[str] = ..., consumer_group: _Optional[str] = ...) -> None: ...
+    epoch: int
+    consumer: str
+    def __init__(self, lease_id: _Optional[str] = ..., consumer_group: _Optional[str] = ..., epoch: _Optional[int] = ..., consumer: _Optional[str] = ...) -> None: ...
+
+class OpenConsumerRequest(_message.Message):
+    __slots__ = ("consumer_group", "consumer", "ack_lease_ids", "keep_lease_ids")
+    CONSUMER_GROUP_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    ACK_LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
+    KEEP_LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
+    consumer_group: str
+    consumer: str
+    ack_lease_ids: _containers.RepeatedScalarFieldContainer[str]
+    keep_lease_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, consumer_group: _Optional[str] = ..., consumer: _Optional[str] = ..., ack_lease_ids: _Optional[_Iterable[str]] = ..., keep_lease_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class OpenConsumerResponse(_message.Message):
+    __slots__ = ("epoch", "acked", "released")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ACKED_FIELD_NUMBER: _ClassVar[int]
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    acked: int
+    released: int
+    def __init__(self, epoch: _Optional[int] = ..., acked: _Optional[int] = ..., released: _Optional[int] = ...) -> None: ...
 
 class NackResponse(_message.Message):
     __slots__ = ("returned",)

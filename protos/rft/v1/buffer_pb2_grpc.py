@@ -65,6 +65,11 @@ class BufferServiceStub:
                 request_serializer=rft_dot_v1_dot_buffer__pb2.NackRequest.SerializeToString,
                 response_deserializer=rft_dot_v1_dot_buffer__pb2.NackResponse.FromString,
                 _registered_method=True)
+        self.OpenConsumer = channel.unary_unary(
+                '/rft.v1.BufferService/OpenConsumer',
+                request_serializer=rft_dot_v1_dot_buffer__pb2.OpenConsumerRequest.SerializeToString,
+                response_deserializer=rft_dot_v1_dot_buffer__pb2.OpenConsumerResponse.FromString,
+                _registered_method=True)
         self.Stats = channel.unary_unary(
                 '/rft.v1.BufferService/Stats',
                 request_serializer=rft_dot_v1_dot_buffer__pb2.StatsRequest.SerializeToString,
@@ -118,6 +123,19 @@ class BufferServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenConsumer(self, request, context):
+        """A consumer (re)starting: fence its predecessor of the same name and take over its leases at once.
+        Leases named in `ack_lease_ids` (trained into the consumer's durable checkpoint) are acked, those in
+        `keep_lease_ids` stay held under the new epoch; every other lease of the consumer is queued for
+        redelivery, in order. Returns the new epoch (fencing
+        token) that GetBatch, Ack and Nack of this consumer then carry; a call with an older epoch is
+        refused with ABORTED. Leases taken with an epoch never expire: they end by Ack, Nack
+        or the next OpenConsumer.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Stats(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -156,6 +174,11 @@ def add_BufferServiceServicer_to_server(servicer, server):
                     servicer.Nack,
                     request_deserializer=rft_dot_v1_dot_buffer__pb2.NackRequest.FromString,
                     response_serializer=rft_dot_v1_dot_buffer__pb2.NackResponse.SerializeToString,
+            ),
+            'OpenConsumer': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenConsumer,
+                    request_deserializer=rft_dot_v1_dot_buffer__pb2.OpenConsumerRequest.FromString,
+                    response_serializer=rft_dot_v1_dot_buffer__pb2.OpenConsumerResponse.SerializeToString,
             ),
             'Stats': grpc.unary_unary_rpc_method_handler(
                     servicer.Stats,
@@ -325,6 +348,33 @@ class BufferService:
             '/rft.v1.BufferService/Nack',
             rft_dot_v1_dot_buffer__pb2.NackRequest.SerializeToString,
             rft_dot_v1_dot_buffer__pb2.NackResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenConsumer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rft.v1.BufferService/OpenConsumer',
+            rft_dot_v1_dot_buffer__pb2.OpenConsumerRequest.SerializeToString,
+            rft_dot_v1_dot_buffer__pb2.OpenConsumerResponse.FromString,
             options,
             channel_credentials,
             insecure,

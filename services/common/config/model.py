@@ -43,7 +43,8 @@ class ModelConfig(Section):
 
 
 class ClusterConfig(Section):
-    """Machines of the run (GPUs are split between rollout engines and the trainer)."""
+    """Machines of the run. GPUs are split by Trinity-RFT's rule (gpus.py): each explorer takes its engines'
+    and auxiliary models' GPUs, the trainer the rest; `gpu_per_node: 0` places nothing."""
 
     node_num: int = Field(1, ge=1)
     gpu_per_node: int = Field(0, ge=0)

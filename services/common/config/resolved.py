@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from services.common.config.buffer import TasksetConfig
+from services.common.config.gpus import GpuPlacement, gpu_demand, place_gpus
 from services.common.config.root import RFTConfig
 
 
@@ -59,16 +60,24 @@ class Resolved:
 
     @cached_property
     def gpu_split(self) -> dict[str, int]:
+        """GPU counts of the cluster (node_num x gpu_per_node): one explorer's rollout engines and
+        auxiliary models, the trainer the rest (Trinity-RFT's rule; see gpus.py)."""
         c = self.config
         total = c.cluster.node_num * c.cluster.gpu_per_node
-        rollout = c.explorer.rollout_model.engine_num * c.explorer.rollout_model.tensor_parallel_size
-        aux = sum(m.engine_num * m.tensor_parallel_size for m in c.explorer.auxiliary_models if m.model_path)
+        demand = gpu_demand(c)
         return {
             "total": total,
-            "rollout": rollout,
-            "auxiliary": aux,
-            "trainer": max(total - rollout - aux, 0),
+            "rollout": demand.rollout,
+            "auxiliary": demand.auxiliary,
+            "trainer": max(total - demand.explorer, 0),
         }
+
+    @cached_property
+    def gpu_placement(self) -> GpuPlacement:
+        """Which GPUs (0..total-1) the explorer and the trainer get with one explorer (`rft run
+        --explorers N` places N; services/launch/gpus.py)."""
+        c = self.config
+        return place_gpus(c.cluster.node_num * c.cluster.gpu_per_node, gpu_demand(c), mode=c.mode)
 
     @property
     def job_dir(self) -> Path:

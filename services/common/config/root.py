@@ -10,6 +10,7 @@ from services.common.config.algorithm import AlgorithmConfig
 from services.common.config.base import Section
 from services.common.config.buffer import BufferConfig
 from services.common.config.explorer import ExplorerConfig
+from services.common.config.gpus import gpu_demand, place_gpus
 from services.common.config.model import ClusterConfig, ModelConfig
 from services.common.config.runtime import LogConfig, MonitorConfig, SynchronizerConfig, TrainerConfig
 from services.common.config.services import ServicesConfig
@@ -65,17 +66,8 @@ class RFTConfig(Section):
         return self
 
     @model_validator(mode="after")
-    def _gpus_left_for_trainer(self) -> RFTConfig:
-        total = self.cluster.node_num * self.cluster.gpu_per_node
-        if total == 0 or self.mode != "both":
-            return self
-        rollout = self.explorer.rollout_model
-        used = rollout.engine_num * rollout.tensor_parallel_size + sum(
-            m.engine_num * m.tensor_parallel_size for m in self.explorer.auxiliary_models if m.model_path
-        )
-        if used >= total:
-            raise ValueError(
-                f"rollout and auxiliary engines take {used} of the cluster's {total} GPUs, leaving none "
-                "for the trainer; lower explorer.rollout_model.engine_num or raise cluster.gpu_per_node"
-            )
+    def _gpus_fit(self) -> RFTConfig:
+        """The explorer's engines and the trainer's ranks fit the cluster's GPUs (Trinity-RFT's split);
+        `rft run` checks again with its number of explorers."""
+        place_gpus(self.cluster.node_num * self.cluster.gpu_per_node, gpu_demand(self), mode=self.mode)
         return self

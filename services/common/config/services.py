@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import Field, field_validator
@@ -9,6 +10,8 @@ from pydantic import Field, field_validator
 from services.common.config.base import Section
 
 SERVICE_NAMES = ("buffer", "explorer", "trainer", "synchronizer")
+MAX_CONSUMER_GROUPS = 16
+CONSUMER_GROUP_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 class Endpoint(Section):
@@ -49,6 +52,22 @@ class BufferEndpoint(Endpoint):
     lease_ms: int = Field(600_000, ge=100)
     max_batch_bytes: int = Field(64 << 20, ge=1 << 10)
     max_batch_experiences: int = Field(65536, ge=1)
+    # The consumer groups trainers may read with, created when the buffer starts. Each declared group
+    # sees every experience and retention waits for all of them, so a group is never made by a stray read.
+    consumer_groups: list[str] = Field(["default"], min_length=1, max_length=MAX_CONSUMER_GROUPS)
+
+    @field_validator("consumer_groups")
+    @classmethod
+    def _group_names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not CONSUMER_GROUP_NAME.fullmatch(name):
+                raise ValueError(
+                    f"consumer group name {name!r} must be 1-64 characters of letters, digits, '_', '.', '-'"
+                )
+        duplicates = sorted({name for name in value if value.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"consumer group names repeat: {', '.join(duplicates)}")
+        return value
 
     @field_validator("redis_url")
     @classmethod
@@ -69,3 +88,5 @@ class ServicesConfig(Section):
     # Client deadline for unary calls, seconds.
     rpc_timeout: float = Field(30.0, gt=0)
     max_message_bytes: int = Field(64 << 20, ge=4 << 20)
+    # `rft run`: how often each process of a stage is restarted after it fails before the run fails.
+    max_restarts: int = Field(3, ge=0)

@@ -1,5 +1,8 @@
 """Bearer-token authentication: a server interceptor that answers UNAUTHENTICATED without the token,
-and client interceptors that attach it. The health service stays open so orchestrators can probe it."""
+and client interceptors that attach it. The health service stays open so orchestrators can probe it.
+
+The token is checked before anything reads the request: a refused call's body is never deserialized,
+so garbage from an unauthenticated client gets UNAUTHENTICATED, never a parse error."""
 
 from __future__ import annotations
 
@@ -28,10 +31,8 @@ def _rejecting_handler(handler: grpc.RpcMethodHandler, message: str) -> grpc.Rpc
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
         yield  # pragma: no cover - makes this an async generator
 
-    kwargs = {
-        "request_deserializer": handler.request_deserializer,
-        "response_serializer": handler.response_serializer,
-    }
+    # No request deserializer: the body of an unauthenticated call is never parsed (raw bytes, unread).
+    kwargs = {"request_deserializer": None, "response_serializer": handler.response_serializer}
     if handler.request_streaming and handler.response_streaming:
         return grpc.stream_stream_rpc_method_handler(abort_stream, **kwargs)
     if handler.request_streaming:

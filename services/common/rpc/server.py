@@ -1,10 +1,18 @@
 """One builder for every service's `grpc.aio` server: health service, reflection, 64 MiB messages,
-optional bearer token and TLS, and a graceful stop on SIGTERM/SIGINT."""
+optional bearer token and TLS, and a graceful stop on SIGTERM/SIGINT.
+
+Interceptors run in this order: the bearer token first (a refused call's body is never parsed), then
+`DecodeErrorInterceptor` (undecodable request bytes -> INVALID_ARGUMENT). SO_REUSEPORT is off: grpc
+turns it on by default, which lets a second server bind a port in use, report "serving" and silently
+split the clients between two processes (two buffers, two stores); here that is `PortInUseError`.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import signal
+import socket
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +25,7 @@ from grpc_reflection.v1alpha import reflection
 from services.common.config.services import TLSConfig
 from services.common.rpc.auth import BearerTokenServerInterceptor
 from services.common.rpc.client import DEFAULT_MAX_MESSAGE_BYTES, channel_options
+from services.common.rpc.decode import DecodeErrorInterceptor
 
 # (add_XServicer_to_server function, servicer instance, full service name e.g. "rft.v1.BufferService")
 Registration = tuple[Callable[[Any, grpc.aio.Server], None], Any, str]
@@ -46,6 +55,29 @@ class ServerHandle:
         self.stopped.set()
 
 
+class BindError(OSError):
+    """The server could not listen on its host:port; `strerror` is the readable reason."""
+
+
+class PortInUseError(BindError):
+    """The server's port is taken by another process: a startup error, never a shared port."""
+
+
+def _bind_error(host: str, port: int) -> BindError:
+    """Why binding `host:port` failed (grpc only logs it): probe the address with a plain socket."""
+    bare = host.strip("[]")
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(bare, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as grpc does
+            probe.bind(address)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            return PortInUseError(errno.EADDRINUSE, f"port {port} on {host} is in use")
+        return BindError(exc.errno, f"could not bind gRPC server to {host}:{port}: {exc.strerror or exc}")
+    return BindError(0, f"could not bind gRPC server to {host}:{port}")
+
+
 def _server_credentials(tls: TLSConfig) -> grpc.ServerCredentials:
     key = Path(tls.key_file).read_bytes()  # type: ignore[arg-type]
     cert = Path(tls.cert_file).read_bytes()  # type: ignore[arg-type]
@@ -61,9 +93,15 @@ async def start_server(
     tls: TLSConfig | None = None,
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
 ) -> ServerHandle:
-    """Build and start a server with the given servicers, health and reflection; port 0 picks a free port."""
-    interceptors = [BearerTokenServerInterceptor(auth_token)] if auth_token else []
-    server = grpc.aio.server(options=channel_options(max_message_bytes), interceptors=interceptors)
+    """Build and start a server with the given servicers, health and reflection; port 0 picks a free port.
+
+    Raises `PortInUseError` ("port N on HOST is in use") when another process holds the port."""
+    interceptors: list[grpc.aio.ServerInterceptor] = []
+    if auth_token:
+        interceptors.append(BearerTokenServerInterceptor(auth_token))
+    interceptors.append(DecodeErrorInterceptor())
+    options = [*channel_options(max_message_bytes), ("grpc.so_reuseport", 0)]
+    server = grpc.aio.server(options=options, interceptors=interceptors)
     names = []
     for add_fn, servicer, name in registrations:
         add_fn(servicer, server)
@@ -74,12 +112,15 @@ async def start_server(
         [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server
     )
     bind = f"{host}:{port}"
-    if tls is not None and tls.enabled:
-        bound = server.add_secure_port(bind, _server_credentials(tls))
-    else:
-        bound = server.add_insecure_port(bind)
+    try:
+        if tls is not None and tls.enabled:
+            bound = server.add_secure_port(bind, _server_credentials(tls))
+        else:
+            bound = server.add_insecure_port(bind)
+    except RuntimeError:  # grpc: "Failed to bind to address ..."; the reason is only in its log
+        bound = 0
     if bound == 0:
-        raise OSError(f"could not bind gRPC server to {bind}")
+        raise _bind_error(host, port)
     await server.start()
     for name in ["", *names]:
         await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)

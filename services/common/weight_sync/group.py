@@ -3,9 +3,10 @@
 Why stateless: the trainer already runs a default process group (FSDP2 under torchrun) and an
 explorer may run several engines in one process, so this group must neither need nor touch
 `torch.distributed.init_process_group`. It is built from its own `TCPStore` (hosted by rank 0 on
-`master_address:master_port`) wrapped in a `PrefixStore` per generation, and a `ProcessGroupGloo`
-(CPU) or `ProcessGroupNCCL` (CUDA) object used directly - the pattern of vLLM's RLHF weight-sync
-examples. Nothing is registered globally, so any number of groups can come and go in one process.
+`master_address:master_port` and listening there only, see `open_store`) wrapped in a `PrefixStore`
+per generation, and a `ProcessGroupGloo` (CPU) or `ProcessGroupNCCL` (CUDA) object used directly - the
+pattern of vLLM's RLHF weight-sync examples. Nothing is registered globally, so any number of groups
+can come and go in one process.
 
 `GroupInfo` mirrors `rft.v1.WeightSyncGroupInfo`, which the synchronizer hands to every member.
 `generation` names one instance of the group: when an explorer joins or leaves, every member
@@ -103,6 +104,38 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to `host:port` (an IPv4/IPv6 address or a name), ready to hand to a TCPStore."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen()
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def open_store(info: GroupInfo, rank: int, timeout: timedelta) -> dist.TCPStore:
+    """The group's TCPStore: rank 0 hosts it, the others connect to `master_address:master_port`.
+
+    Rank 0 listens on `master_address` only. Given a port, TCPStore itself binds every interface
+    (`::`) whatever host it is told, which would open an unauthenticated key-value store (and the
+    rendezvous of the group) to the whole network; so rank 0 binds the socket here and hands it over
+    (`master_listen_fd`, which the libuv server adopts and closes with the store)."""
+    common = {"world_size": info.world_size, "timeout": timeout, "wait_for_workers": False}
+    if rank != 0:
+        return dist.TCPStore(info.master_address, info.master_port, is_master=False, **common)
+    sock = listening_socket(info.master_address, info.master_port)
+    port = sock.getsockname()[1]
+    fd = sock.detach()  # the store owns (and closes) the descriptor from here on
+    return dist.TCPStore(
+        info.master_address, port, is_master=True, master_listen_fd=fd, use_libuv=True, **common
+    )
+
+
 class Connection:
     """A joined group instance: the process-group object, this member's rank and the comm device.
 
@@ -130,14 +163,7 @@ class Connection:
         timeout = timedelta(seconds=info.timeout_s)
         where = f"{info.group_name} generation {info.generation} at {info.master_address}:{info.master_port}"
         try:
-            store = dist.TCPStore(
-                info.master_address,
-                info.master_port,
-                info.world_size,
-                is_master=rank == 0,
-                timeout=timeout,
-                wait_for_workers=False,
-            )
+            store = open_store(info, rank, timeout)
             gen_key = f"{info.group_name}/generation"
             if rank == 0:
                 store.set(gen_key, str(info.generation))
@@ -159,7 +185,7 @@ class Connection:
                 pg = dist.ProcessGroupGloo(prefix, rank, info.world_size, timeout)
         except WeightSyncError:
             raise
-        except (RuntimeError, ValueError) as exc:  # DistStoreError / DistNetworkError are RuntimeErrors
+        except (RuntimeError, ValueError, OSError) as exc:  # DistStoreError / DistNetworkError: RuntimeErrors
             raise GroupBrokenError(
                 f"rank {rank} could not join {where} within {info.timeout_s:g}s: {exc}"
             ) from exc

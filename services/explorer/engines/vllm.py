@@ -40,6 +40,18 @@ def _import_vllm() -> Any:
     return vllm
 
 
+def engine_gpus(device: str | None, tp: int) -> list[int] | None:
+    """One engine's GPUs among those this process sees: `tp` in a row from `device` ("cuda:k"), or
+    None (no placement: the engine's workers see every visible GPU)."""
+    if device is None:
+        return None
+    d = torch.device(device)
+    if d.type != "cuda":
+        raise ValueError(f"the vllm engine runs on CUDA GPUs, not on device {device!r}")
+    start = d.index or 0
+    return list(range(start, start + tp))
+
+
 @contextmanager
 def _visible_devices(devices: Sequence[int] | None):
     """Workers spawned inside see only `devices` (one engine's GPUs)."""
@@ -48,6 +60,11 @@ def _visible_devices(devices: Sequence[int] | None):
         return
     old = os.environ.get("CUDA_VISIBLE_DEVICES")
     visible = old.split(",") if old else [str(i) for i in range(torch.cuda.device_count())]
+    if max(devices) >= len(visible):
+        raise RuntimeError(
+            f"a vllm engine needs GPUs {devices} of this process's {len(visible)} visible GPU(s); "
+            "raise cluster.gpu_per_node or lower engine_num / tensor_parallel_size"
+        )
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(visible[d] for d in devices)
     try:
         yield
@@ -109,7 +126,11 @@ class VLLMEngine:
         self._stats = {"generated_tokens": 0.0, "generate_seconds": 0.0, "requests": 0.0}
 
     @classmethod
-    def from_config(cls, cfg: InferenceModelConfig, model_path: str, *, index: int = 0) -> VLLMEngine:
+    def from_config(
+        cls, cfg: InferenceModelConfig, model_path: str, *, index: int = 0, device: str | None = None
+    ) -> VLLMEngine:
+        """Engine `index` (its seed is `seed + index`) on the `tensor_parallel_size` GPUs from
+        `device` (the explorer's placement), or on every visible GPU when `device` is None."""
         vllm = _import_vllm()
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -127,12 +148,7 @@ class VLLMEngine:
             worker_extension_cls=WORKER_EXTENSION,
             logprobs_mode="processed_logprobs",
         )
-        devices = (
-            list(range(index * tp, (index + 1) * tp))
-            if torch.cuda.device_count() >= (index + 1) * tp
-            else None
-        )
-        with _visible_devices(devices):
+        with _visible_devices(engine_gpus(device, tp)):
             llm = AsyncLLM.from_engine_args(args)
         tokenizer = load_tokenizer(model_path)
         return cls(llm, tokenizer, name=f"vllm-{index}", workers=tp)

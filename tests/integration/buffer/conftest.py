@@ -1,5 +1,6 @@
 """Fixtures of the buffer tests: a redis-server per module (skipped loudly if the binary is missing),
-and a fresh store of each kind per test (a Redis store gets its own key prefix)."""
+and a fresh store of each kind per test (a Redis store gets its own key prefix). Store-level tests lease
+as consumer group "g", so that is the group a store is started with unless a test declares others."""
 
 from __future__ import annotations
 
@@ -28,12 +29,13 @@ def make_store(kind: str, request: pytest.FixtureRequest, capacity: int):
 
 @pytest.fixture(params=["memory", "redis"])
 async def store_factory(request):
-    """`await store_factory(capacity=...)` -> a started store of the parametrised kind, closed after the test."""
+    """`await store_factory(capacity=..., consumer_groups=...)` -> a started store of the parametrised kind
+    with those consumer groups declared, closed after the test."""
     made = []
 
-    async def factory(capacity: int = 100_000):
+    async def factory(capacity: int = 100_000, consumer_groups: tuple[str, ...] = ("g",)):
         store = make_store(request.param, request, capacity)
-        await store.start()
+        await store.start(consumer_groups)
         made.append(store)
         return store
 

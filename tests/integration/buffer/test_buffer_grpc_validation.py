@@ -26,7 +26,7 @@ from tests.support.buffer_data import batch, group
 
 @pytest.fixture
 async def served(store_factory):
-    store = await store_factory(capacity=40)
+    store = await store_factory(capacity=40, consumer_groups=("default",))
     core = BufferCore(store, CoreSettings(limits=Limits(max_batch_experiences=16, max_batch_bytes=20_000)))
     handle = await start_server([registration(core)])
     channel = create_channel(handle.address, timeout_s=10)

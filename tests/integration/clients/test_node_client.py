@@ -105,7 +105,7 @@ synchronizer: {{sync_method: memory, sync_style: fixed, sync_interval: 2}}
 monitor: {{monitor_type: none}}
 log: {{format: json}}
 services:
-  buffer: {{store: memory}}
+  buffer: {{store: memory, consumer_groups: [default, node-client]}}
   auth_token: {TOKEN}
 """
     )

@@ -57,7 +57,7 @@ buffer:
   trainer_input: {{experience_buffer: {{capacity: {capacity}}}}}
 explorer: {{eval_on_startup: false, rollout_model: {{micro_batch_size: 8}}}}
 monitor: {{monitor_type: none}}
-services: {{buffer: {{on_full: {on_full}}}}}
+services: {{buffer: {{on_full: {on_full}, consumer_groups: [trainer]}}}}
 """
     )
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from services.common.modeling import load_model
+from services.common.sync_client import SyncWaitTimeout
 from services.common.sync_hooks import CheckpointFetch, ExplorerSyncGate, MemoryFetch, TrainerSyncHook
 from services.common.tiny_model import make_tiny_model
 from services.common.weight_sync import CheckpointStore, load_weights, state_dict_to_chunks
@@ -144,3 +145,36 @@ async def test_synchronizer_hook_and_gate_move_memory_weights(tiny_dir, sync_ser
     await gate.settle()  # the load's report goes out while the step runs
     assert core.members["e0"].model_version == 1
     assert_bit_equal(target, publish.last)
+
+
+async def test_gate_waits_while_the_trainer_moves_and_says_why_when_it_stops(
+    tiny_dir, sync_server, sync_clients
+):
+    """A restarted trainer catching up: the explorer's wait outlasts its window while the trainer's step
+    advances, and gives up (naming the version and where the trainer stands) once it stands still."""
+    core, address = await sync_server(method="memory")
+    trainer = await sync_clients(address, "trainer", "trainer")
+    explorer = await sync_clients(address, "e0", "explorer")
+    source, target = load_model(tiny_dir), load_model(tiny_dir)
+
+    async def load(named, version):
+        load_weights(target, named)
+
+    gate = ExplorerSyncGate(explorer, MemoryFetch(explorer, load), timeout_s=1.0)
+
+    def timeouts() -> int:
+        return sum(1 for e in core.history if e.kind == "timeout" and e.member_id == "e0")
+
+    waiting = asyncio.create_task(gate.before_step(3, 0))  # needs version 2
+    for step in (1, 2):  # each window ends with the trainer one step further
+        await core.wait_until(lambda s=step: timeouts() >= s, 10)
+        await trainer.heartbeat(step=step)
+    await core.wait_until(lambda: timeouts() >= 3, 10)
+    assert not waiting.done()  # three windows, and still waiting: the trainer kept moving
+    await trainer.push_weights(perturbed_state_dict(source, seed=3), version=2, step=2)
+    await asyncio.wait_for(waiting, 10)
+    assert gate.held == 2
+    await gate.settle()
+
+    with pytest.raises(SyncWaitTimeout, match=r"version >= 3 .*'trainer', RUNNING\) is at step 2"):
+        await asyncio.wait_for(gate.before_step(4, 2), 20)

@@ -150,3 +150,18 @@ def test_yaml_syntax_error_and_missing_file(tmp_path):
     assert "YAML syntax error" in str(err)
     with pytest.raises(ConfigError, match="file not found"):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_buffer_consumer_groups_are_declared_and_checked():
+    assert load_config(text="").services.buffer.consumer_groups == ["default"]
+    config = load_config(text="services: {buffer: {consumer_groups: [default, eval]}}\n")
+    assert config.services.buffer.consumer_groups == ["default", "eval"]
+    for bad, message in (
+        ("[]", "at least 1 item"),
+        ('[default, ""]', "consumer group name '' must be"),
+        ("[a, b, a]", "consumer group names repeat: a"),
+        ("[" + ", ".join(f"g{i}" for i in range(17)) + "]", "at most 16 items"),
+    ):
+        err = _error(f"services: {{buffer: {{consumer_groups: {bad}}}}}\n")
+        assert str(err.problems[0]).startswith("services.buffer.consumer_groups:"), err
+        assert message in str(err), err

@@ -183,6 +183,25 @@ async def test_resume_continues_after_the_last_step(tmp_path):
     assert seen + rest == [f"train/{i}" for i in range(10)] and again.step == 4
 
 
+async def test_rewind_to_the_trainers_step_explores_again_with_new_ids(tmp_path):
+    config = _config(tmp_path, _rows(12), batch=3)
+    core = await _core(config)
+    await core.explore(3)
+    first = core.sink.experiences
+    again = await _core(config)  # a restart: the trainer holds only step 1
+    assert again.step == 3 and again.incarnation == 1
+    assert again.rewind_to(1) and again.step == 1
+    assert not again.rewind_to(2)  # never forward
+    await again.explore(2)  # steps 2 and 3 again: the same tasks, new batch ids
+    redone = again.sink.experiences
+    assert [e.eid.task_id for e in redone] == [e.eid.task_id for e in first[6:18]]
+    assert [e.eid.step for e in redone[::6]] == [2, 3]
+    assert {e.eid.batch_id for e in redone} == {"2.1", "3.1"}
+    assert not {e.eid.uid for e in redone} & {e.eid.uid for e in first}
+    third = await _core(config)
+    assert third.step == 3 and third.incarnation == 2 and not third.rewind_to(5)
+
+
 async def test_total_steps_stops_exploring(tmp_path):
     config = _config(tmp_path, _rows(10), batch=2, epochs=5)
     config = config.model_copy(update={"buffer": config.buffer.model_copy(update={"total_steps": 3})})

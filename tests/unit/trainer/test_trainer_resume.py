@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
+import threading
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from services.common.lineage import experience_uid, read_lineage
 from services.common.modeling import load_tokenizer
 from services.common.tiny_model import make_tiny_model
 from services.trainer.checkpoint import MARKER, find_latest
@@ -18,7 +22,7 @@ from services.trainer.settings import TrainerSettings
 from tests.support.trainer_data import OrderedBuffer, make_config, make_experiences
 
 torch.set_num_threads(1)
-VOLATILE = ("timing_s/", "perf/")  # wall-clock figures differ between any two runs
+VOLATILE = ("timing_s/", "perf/", "trainer/unacked_steps")  # wall clock; ack timing
 
 
 @pytest.fixture(scope="module")
@@ -69,12 +73,13 @@ async def test_resume_after_a_crash_gives_identical_weights_and_metrics(model_di
     for _ in range(3):
         await first.train_step(1000)
     await first.wait_for_save()
-    await buffer.get_batch(8)  # step 4 leased, then the trainer dies before acking it
+    assert buffer.acked == []  # step 3's checkpoint is durable, but its acks go out with the next step
+    await buffer.get_batch(8)  # step 4 leased, then the trainer dies
     del first
-    buffer.restart()
 
     second = make_core(model_dir, tmp_path / "resumed", buffer)
-    await second.prepare()
+    await second.prepare()  # takes the consumer over: acks steps 1-3 (durable), gives step 4 back
+    assert buffer.acked == [0, 1, 2]
     assert second.global_step == 3 and second.consumed_samples == 24
     resumed_metrics = [stable((await second.train_step(1000)).metrics) for _ in range(3)]
     await second.shutdown()
@@ -128,3 +133,93 @@ async def test_core_states_and_preconditions(model_dir, tmp_path):
     await core.shutdown()
     with pytest.raises(PreconditionError):
         await core.train_step(10)
+
+
+async def test_acks_wait_for_a_durable_checkpoint_and_lineage_records_every_step(model_dir, tmp_path):
+    buffer = OrderedBuffer(batches())
+    core = make_core(model_dir, tmp_path, buffer, save_interval=4)
+    await core.prepare()
+    for _ in range(3):
+        await core.train_step(1000)
+    assert buffer.acked == []  # trained, but no checkpoint holds the steps yet
+    await core.train_step(1000)  # step 4: saved in the background
+    await core.wait_for_save()
+    await core.train_step(1000)  # step 5 starts by acking what the durable step 4 holds
+    await core._settle_ack()
+    assert buffer.acked == [0, 1, 2, 3]
+    await core.shutdown()  # a stop saves step 5 and acks it
+    assert buffer.acked == [0, 1, 2, 3, 4]
+    job = core.settings.job_dir
+    assert (job / MARKER).read_text() == "5"
+    lineage = read_lineage(find_latest(job))
+    assert [s.step for s in lineage] == [1, 2, 3, 4, 5]
+    expected = [tuple(experience_uid(e.eid) for e in b) for b in batches()[:5]]
+    assert [s.uids for s in lineage] == expected
+    state = json.loads((find_latest(job) / "trainer_state.json").read_text())
+    assert len(state["unacked_leases"]) == 1  # step 5's lease, acked right after the save
+
+
+async def test_resume_discards_folders_after_the_durable_step(model_dir, tmp_path):
+    buffer = OrderedBuffer(batches())
+    core = make_core(model_dir, tmp_path, buffer, save_interval=2)
+    await core.prepare()
+    for _ in range(2):
+        await core.train_step(1000)
+    await core.wait_for_save()
+    job = core.settings.job_dir
+    (job / "global_step_3" / "actor").mkdir(parents=True)  # a save cut short by a crash
+    del core
+    again = make_core(model_dir, tmp_path, buffer, save_interval=2)
+    await again.prepare()
+    assert again.global_step == 2 and not (job / "global_step_3").exists()
+    assert buffer.acked == [0, 1]
+    await again.shutdown()
+
+
+class _GatedEngine:
+    """The real engine, with its train step held at the start until the test lets it go."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.entered, self.go = threading.Event(), threading.Event()
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def train_step(self, step):
+        self.entered.set()
+        self.go.wait(30)
+        return self.engine.train_step(step)
+
+
+async def test_a_cancelled_step_commits_before_the_stop_and_the_stop_saves_it(model_dir, tmp_path):
+    buffer = OrderedBuffer(batches())
+    core = make_core(model_dir, tmp_path, buffer, save_interval=100)
+    gated = _GatedEngine(core.engine)
+    core.engine = gated
+    await core.prepare()
+    await core.train_step(1000)
+    step = asyncio.create_task(core.train_step(1000))
+    await asyncio.to_thread(gated.entered.wait, 30)  # the update of step 2 is running in its thread
+    step.cancel()
+    gated.go.set()
+    with pytest.raises(asyncio.CancelledError):
+        await step
+    assert core.global_step == 2 and core.state is TrainerState.READY  # the update was committed
+    await core.shutdown()  # SIGTERM's path: saves the last step, acks what it holds
+    assert (core.settings.job_dir / MARKER).read_text() == "2"
+    assert buffer.acked == [0, 1]
+
+
+async def test_a_crowded_buffer_makes_the_trainer_save_before_save_interval(model_dir, tmp_path):
+    buffer = OrderedBuffer(batches())
+    core = make_core(model_dir, tmp_path, buffer, save_interval=100)
+    core.settings = dataclasses.replace(core.settings, buffer_capacity=4 * 8)  # room for 4 batches
+    await core.prepare()
+    await core.train_step(1000)  # holds 1 batch: 1 + 1 more fits in half the room
+    assert core._saved_step < 1
+    await core.train_step(1000)  # holds 2: a third would not fit in half -> saves
+    await core.wait_for_save()
+    assert (core.settings.job_dir / MARKER).read_text() == "2"
+    await core.shutdown()
+    assert buffer.acked == [0, 1]
