@@ -1,0 +1,256 @@
+"""veRL keys -> run config keys: the table, veRL's defaults, the rules that read several keys, and keys
+with no equivalent (comments + warnings). Every converted config is loaded back with `load_config`."""
+
+from __future__ import annotations
+
+import yaml
+
+from services.common.config import load_config, resolve
+from services.common.config.loader import config_warnings
+from services.launch.convert_verl import Conversion, convert_script
+from services.trainer.settings import TrainerSettings
+
+ENV = {"HOME": "/home/user"}
+
+
+def conv(args: str) -> Conversion:
+    [c] = convert_script(f"python3 -m verl.trainer.main_ppo {args}\n", "run.sh")
+    load_config(text=c.yaml, environ=ENV)  # what is written always loads
+    assert yaml.safe_load(c.yaml) == c.tree  # the YAML holds exactly the tree
+    return c
+
+
+def at(c: Conversion, path: str):
+    node = c.tree
+    for part in path.split("."):
+        node = node[part]
+    return node
+
+
+def has(c: Conversion, path: str) -> bool:
+    try:
+        at(c, path)
+    except (KeyError, TypeError):
+        return False
+    return True
+
+
+def test_empty_command_takes_verl_defaults():
+    c = conv("")
+    config = load_config(text=c.yaml, environ=ENV)
+    assert config.algorithm.algorithm_type == "ppo" and config.algorithm.advantage_fn == "ppo"
+    assert config.buffer.batch_size == 1024 and config.algorithm.repeat_times == 1
+    assert config.buffer.total_epochs == 30
+    assert (config.model.max_prompt_tokens, config.model.max_response_tokens) == (512, 512)
+    assert config.trainer.use_dynamic_bsz is False
+    assert at(c, "trainer.trainer_config.actor_rollout_ref.actor.ppo_mini_batch_size") == 256
+    assert (config.algorithm.kl_penalty_fn, config.algorithm.kl_loss_fn) == ("none", "none")
+    assert (config.synchronizer.sync_interval, config.synchronizer.sync_offset) == (1, 0)
+    assert "batch_size: 1024  # veRL default data.train_batch_size=1024" in c.yaml
+
+
+def test_one_to_one_keys():
+    c = conv(
+        "actor_rollout_ref.actor.optim.lr=3e-6 actor_rollout_ref.actor.optim.warmup_style=cosine "
+        "actor_rollout_ref.actor.optim.min_lr_ratio=0.1 actor_rollout_ref.actor.grad_clip=0.5 "
+        "actor_rollout_ref.actor.ppo_epochs=2 actor_rollout_ref.actor.clip_ratio_low=0.2 "
+        "actor_rollout_ref.actor.clip_ratio_high=0.28 actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean "
+        "actor_rollout_ref.actor.entropy_coeff=0.001 actor_rollout_ref.rollout.temperature=0.7 "
+        "actor_rollout_ref.rollout.top_p=0.9 trainer.save_freq=-1 trainer.total_training_steps=50 "
+        "trainer.max_actor_ckpt_to_keep=3 +actor_rollout_ref.actor.optim.betas=[0.9,0.95]"
+    )
+    cfg = load_config(text=c.yaml, environ=ENV)
+    opt = cfg.algorithm.optimizer
+    assert (opt.lr, opt.lr_scheduler_type, opt.min_lr_ratio, opt.betas) == (3e-6, "cosine", 0.1, (0.9, 0.95))
+    assert cfg.trainer.grad_clip == 0.5 and cfg.algorithm.ppo_epochs == 2
+    assert cfg.algorithm.policy_loss_fn_args == {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28}
+    assert cfg.algorithm.loss_agg_mode == "seq-mean-token-mean"
+    assert cfg.algorithm.entropy_loss_fn_args == {"entropy_coef": 0.001}
+    assert (cfg.model.temperature, cfg.model.top_p) == (0.7, 0.9)
+    assert cfg.trainer.save_interval == 0  # veRL -1: never
+    assert cfg.buffer.total_steps == 50 and cfg.trainer.max_checkpoints_to_keep == 3
+    assert "lr: 3.0e-06  # actor_rollout_ref.actor.optim.lr=3e-6" in c.yaml
+
+
+def test_advantage_estimators_and_their_args():
+    for adv, atype, fn in [
+        ("grpo", "grpo", "grpo"),
+        ("rloo", "rloo", "rloo"),
+        ("reinforce_plus_plus", "reinforceplusplus", "reinforceplusplus"),
+        ("remax", "grpo", "remax"),
+        ("opo", "grpo", "opo"),
+    ]:
+        c = conv(f"algorithm.adv_estimator={adv}")
+        assert (at(c, "algorithm.algorithm_type"), at(c, "algorithm.advantage_fn")) == (atype, fn)
+    c = conv("algorithm.adv_estimator=grpo algorithm.norm_adv_by_std_in_grpo=False algorithm.gamma=0.9")
+    assert at(c, "algorithm.advantage_fn_args") == {"norm_adv_by_std_in_grpo": False}
+    assert "# veRL algorithm.gamma=0.9: no equivalent (adv_estimator=grpo does not use it)" in c.yaml
+    TrainerSettings.from_config(load_config(text=c.yaml, environ=ENV))
+    c = conv("algorithm.gamma=0.99 algorithm.lam=0.95")
+    assert at(c, "algorithm.advantage_fn_args") == {"gamma": 0.99, "lam": 0.95}
+
+
+def test_unknown_estimator_and_loss_mode_become_comments():
+    c = conv("algorithm.adv_estimator=grpo_passk actor_rollout_ref.actor.policy_loss.loss_mode=clip_cov")
+    assert not has(c, "algorithm.algorithm_type")
+    assert any(w.startswith("veRL algorithm.adv_estimator=grpo_passk: no equivalent (") for w in c.warnings)
+    assert "# veRL actor_rollout_ref.actor.policy_loss.loss_mode=clip_cov: no equivalent" in c.yaml
+    c = conv("algorithm.adv_estimator=grpo actor_rollout_ref.actor.policy_loss.loss_mode=gspo")
+    assert at(c, "algorithm.policy_loss_fn") == "gspo"
+
+
+def test_kl_loss_and_kl_in_reward():
+    c = conv(
+        "actor_rollout_ref.actor.use_kl_loss=True actor_rollout_ref.actor.kl_loss_type=k3 "
+        "actor_rollout_ref.actor.kl_loss_coef=0.01 algorithm.use_kl_in_reward=True algorithm.kl_penalty=kl "
+        "algorithm.kl_ctrl.type=adaptive algorithm.kl_ctrl.kl_coef=0.002 algorithm.kl_ctrl.target_kl=0.1 "
+        "algorithm.kl_ctrl.horizon=10000"
+    )
+    alg = load_config(text=c.yaml, environ=ENV).algorithm
+    assert (alg.kl_loss_fn, alg.kl_loss_fn_args) == ("k3", {"kl_coef": 0.01})
+    assert alg.kl_penalty_fn == "kl"
+    assert alg.kl_penalty_fn_args == {
+        "kl_ctrl": "adaptive",
+        "kl_coef": 0.002,
+        "target_kl": 0.1,
+        "horizon": 10000,
+    }
+    preset = TrainerSettings.from_config(load_config(text=c.yaml, environ=ENV)).preset
+    assert preset.use_kl_loss and preset.use_kl_in_reward
+    c = conv("actor_rollout_ref.actor.use_kl_loss=True actor_rollout_ref.actor.kl_loss_type=full")
+    assert at(c, "algorithm.kl_loss_fn") == "low_var_kl"
+    assert any("kl_loss_type=full: no equivalent" in w for w in c.warnings)
+    c = conv("actor_rollout_ref.actor.kl_loss_type=k3")  # use_kl_loss stays False in veRL
+    assert at(c, "algorithm.kl_loss_fn") == "none" and not c.warnings
+
+
+def test_batches_keep_verl_meaning():
+    c = conv(
+        "data.train_batch_size=64 actor_rollout_ref.actor.ppo_mini_batch_size=16 actor_rollout_ref.rollout.n=4"
+    )
+    s = TrainerSettings.from_config(load_config(text=c.yaml, environ=ENV))
+    assert s.train_batch_size == 64 * 4 and s.mini_batch_size == 16 * 4  # 4 optimizer steps per explore step
+    c = conv("data.train_batch_size=16 actor_rollout_ref.actor.ppo_mini_batch_size=16")
+    assert not has(c, "trainer.trainer_config")
+    c = conv("data.train_batch_size=10 actor_rollout_ref.actor.ppo_mini_batch_size=4")
+    assert any("not a multiple" in w for w in c.warnings)
+
+
+def test_micro_and_dynamic_batches():
+    c = conv(
+        "actor_rollout_ref.actor.use_dynamic_bsz=True actor_rollout_ref.actor.ppo_max_token_len_per_gpu=8192 "
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2 critic.optim.lr=2e-5 critic.cliprange_value=0.3"
+    )
+    s = TrainerSettings.from_config(load_config(text=c.yaml, environ=ENV))
+    assert (s.use_dynamic_bsz, s.max_tokens_per_micro_batch, s.micro_batch_size) == (True, 8192, 2)
+    assert (s.critic_optim.lr, s.cliprange_value) == (2e-5, 0.3)
+
+
+def test_data_files_become_tasksets():
+    c = conv(
+        "data.train_files=[/d/gsm8k/train.parquet,/d/math/train.parquet] data.val_files=/d/gsm8k/test.parquet "
+        "data.prompt_key=question data.shuffle=False data.seed=7 "
+        "actor_rollout_ref.rollout.val_kwargs.do_sample=True actor_rollout_ref.rollout.val_kwargs.temperature=0.6 "
+        "actor_rollout_ref.rollout.val_kwargs.n=4"
+    )
+    cfg = load_config(text=c.yaml, environ=ENV)
+    r = resolve(cfg)
+    assert [(t.name, t.path) for t in r.tasksets] == [
+        ("gsm8k", "/d/gsm8k/train.parquet"),
+        ("math", "/d/math/train.parquet"),
+    ]
+    t = r.tasksets[0]
+    assert (t.format.prompt_key, t.format.messages_key) == ("question", "question")
+    assert (t.data_selector.selector_type, t.data_selector.seed) == ("sequential", 7)
+    [e] = cfg.buffer.explorer_input.eval_tasksets
+    assert (e.name, e.rollout_args.temperature, e.repeat_times) == ("gsm8k_eval", 0.6, 4)
+    assert any("reward_model.ground_truth" in n for n in c.notes)
+
+
+def test_gpu_split_engines_and_trainer_ranks():
+    c = conv("trainer.n_gpus_per_node=4 actor_rollout_ref.rollout.tensor_model_parallel_size=1")
+    assert resolve(load_config(text=c.yaml, environ=ENV)).gpu_split == {
+        "total": 4,
+        "rollout": 1,
+        "auxiliary": 0,
+        "trainer": 3,
+    }
+    assert at(c, "trainer.nproc") == 3
+    c = conv(
+        "trainer.nnodes=2 trainer.n_gpus_per_node=8 actor_rollout_ref.rollout.tensor_model_parallel_size=2"
+    )
+    assert (at(c, "explorer.rollout_model.engine_num"), at(c, "trainer.nproc")) == (2, 12)
+    c = conv("trainer.n_gpus_per_node=1")
+    assert not has(c, "cluster.gpu_per_node") and any("cannot hold both" in w for w in c.warnings)
+
+
+def test_engine_reward_model_and_logger():
+    c = conv(
+        "actor_rollout_ref.rollout.name=sglang reward_model.enable=True reward_model.model.path=/rm "
+        "trainer.n_gpus_per_node=8 trainer.logger=[console,tensorboard,swanlab]"
+    )
+    assert at(c, "explorer.rollout_model.engine_type") == "vllm"
+    assert any("no sglang engine here" in w for w in c.warnings)
+    assert [m["model_path"] for m in at(c, "explorer.auxiliary_models")] == ["/rm"]
+    assert at(c, "monitor.monitor_type") == "tensorboard"
+    assert any("'swanlab' has no equivalent" in w for w in c.warnings)
+    c = conv("reward_model.enable=False reward_model.model.path=/rm")
+    assert not has(c, "explorer.auxiliary_models")
+
+
+def test_trainer_folders_resume_and_eval_cadence():
+    c = conv(
+        "trainer.project_name=p trainer.experiment_name=e trainer.default_local_dir=/ck/p/e "
+        "trainer.resume_mode=disable trainer.test_freq=-1 data.val_files=/d/test.parquet"
+    )
+    cfg = load_config(text=c.yaml, environ=ENV)
+    assert str(resolve(cfg).job_dir) == "/ck/p/e" and cfg.continue_from_checkpoint is False
+    assert any(w.startswith("veRL trainer.test_freq=-1: no equivalent") for w in c.warnings)
+    assert not conv("trainer.test_freq=-1").warnings  # nothing to evaluate anyway
+
+
+def test_keys_without_equivalent_become_comments_and_warnings():
+    c = conv(
+        "actor_rollout_ref.model.use_remove_padding=True actor_rollout_ref.actor.fsdp_config.param_offload=True "
+        "+my.custom.key=1 --config-name=ppo_megatron_trainer"
+    )
+    assert "# veRL actor_rollout_ref.model.use_remove_padding=True: nothing to set (" in c.yaml
+    assert (
+        "# veRL actor_rollout_ref.actor.fsdp_config.param_offload=True: no equivalent "
+        "(the trainer shards with FSDP2 and offloads nothing)" in c.yaml
+    )
+    assert "# veRL my.custom.key=1: no equivalent (not a key this converter knows)" in c.yaml
+    assert "argument '--config-name=ppo_megatron_trainer' is not a key=value override; ignored" in c.warnings
+    assert not any("use_remove_padding" in w for w in c.warnings)  # the same here: no warning
+    assert sum("param_offload" in w for w in c.warnings) == 1
+
+
+def test_values_the_loader_refuses_become_comments():
+    c = conv("actor_rollout_ref.rollout.gpu_memory_utilization=1.5 trainer.total_epochs=3")
+    assert not has(c, "explorer.rollout_model.gpu_memory_utilization")
+    assert any(
+        w.startswith("veRL actor_rollout_ref.rollout.gpu_memory_utilization=1.5: no equivalent (")
+        for w in c.warnings
+    )
+    assert at(c, "buffer.total_epochs") == 3
+
+
+def test_last_repeated_key_wins_and_several_commands_convert_separately():
+    script = (
+        "python3 -m verl.trainer.main_ppo data.train_batch_size=8 data.train_batch_size=16\n"
+        "python3 -m verl.trainer.main_ppo algorithm.adv_estimator=grpo\n"
+    )
+    first, second = convert_script(script)
+    assert at(first, "buffer.batch_size") == 16 and first.line == 1
+    assert at(second, "algorithm.algorithm_type") == "grpo" and second.line == 2
+
+
+def test_no_key_is_written_that_has_no_effect_here():
+    c = conv(
+        "actor_rollout_ref.rollout.name=hf actor_rollout_ref.rollout.enforce_eager=True "
+        "actor_rollout_ref.rollout.gpu_memory_utilization=0.5"
+    )
+    assert config_warnings(load_config(text=c.yaml, environ=ENV)) == []
+    assert not has(c, "explorer.rollout_model.enforce_eager")
+    assert "# veRL actor_rollout_ref.rollout.enforce_eager=True: no equivalent (" in c.yaml
+    assert sum("gpu_memory_utilization=0.5: no equivalent" in w for w in c.warnings) == 1
