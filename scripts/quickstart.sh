@@ -10,7 +10,11 @@ PY=${RFT_VENV:-.venv}/bin
 
 "$PY/rft" make-tiny-model models/tiny
 [ -f examples/data/arithmetic.jsonl ] || "$PY/python" examples/data/make_arithmetic.py
-for cfg in examples/quickstart.yaml examples/ppo.yaml examples/gsm8k_grpo.yaml examples/verl_mapping/*.yaml; do
+for cfg in examples/quickstart.yaml examples/ppo.yaml; do
   "$PY/rft" config check "$cfg"
+done
+# configs for GPU machines: their models and data are not here, so only the config itself is checked
+for cfg in examples/gsm8k_grpo.yaml examples/verl_mapping/*.yaml; do
+  "$PY/rft" config check --skip-paths "$cfg"
 done
 exec "$PY/rft" run --config examples/quickstart.yaml "$@"

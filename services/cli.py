@@ -22,6 +22,10 @@ config_app = typer.Typer(no_args_is_help=True, help="Validate or print a run con
 app.add_typer(config_app, name="config")
 
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="override a key: section.key=value")]
+PluginOpt = Annotated[
+    list[str] | None,
+    typer.Option("--plugin-dir", help="a folder of plug-in modules (repeatable; adds to plugin_dirs)"),
+]
 
 
 def _load(path: Path, overrides: list[str] | None):
@@ -32,11 +36,49 @@ def _load(path: Path, overrides: list[str] | None):
         raise typer.Exit(2) from None
 
 
+def _check_names(file: Path, config, plugin_dirs: list[str] | None):
+    """`config` with absolute plugin_dirs; exit 2 listing every name that does not resolve."""
+    from services.launch.names import check_config
+
+    config, problems = check_config(config, file, plugin_dirs or [])
+    if problems:
+        typer.echo(str(ConfigError(str(file), problems)), err=True)
+        raise typer.Exit(2)
+    return config
+
+
+def _warn(config) -> None:
+    """Keys that load but have no effect here (services/common/config/compat.py), one line each."""
+    from services.common.config.loader import config_warnings
+
+    for line in config_warnings(config):
+        typer.echo(f"warning: {line}", err=True)
+
+
 @config_app.command("check")
-def config_check(file: Path, set_: SetOpt = None) -> None:
-    """Validate FILE; exit 2 with the bad path, value and a suggestion when it is wrong."""
+def config_check(
+    file: Path,
+    set_: SetOpt = None,
+    skip_paths: Annotated[
+        bool, typer.Option("--skip-paths", help="skip the local path checks (a config for another machine)")
+    ] = False,
+    plugin_dir: PluginOpt = None,
+) -> None:
+    """Validate FILE; exit 2 with the bad path, value and a suggestion when it is wrong. The model
+    folders and data files must exist, relative to the current directory, as `rft run` checks."""
+    from services.launch.plan import plan_stages
+    from services.launch.preflight import path_problems
+
     config = _load(file, set_)
     r = resolve(config)
+    _warn(config)
+    config = _check_names(file, config, plugin_dir)  # every registry name and plug-in resolves
+    problems = [] if skip_paths else path_problems([s.config for s in plan_stages(config)])
+    if problems:
+        typer.echo(
+            f"{file}: paths `rft run` would refuse:\n" + "\n".join(f"  {p}" for p in problems), err=True
+        )
+        raise typer.Exit(2)
     typer.echo(
         f"{file}: ok (mode={config.mode}, algorithm={config.algorithm.algorithm_type}, "
         f"batch_size={config.buffer.batch_size}, train_batch_size={r.train_batch_size}, "
@@ -45,13 +87,21 @@ def config_check(file: Path, set_: SetOpt = None) -> None:
 
 
 @config_app.command("show")
-def config_show(file: Path, set_: SetOpt = None) -> None:
-    """Print the full config with every default filled in, then the derived values."""
+def config_show(file: Path, set_: SetOpt = None, plugin_dir: PluginOpt = None) -> None:
+    """Print the full config with every default filled in (plugin_dirs absolute), then the derived values."""
+    from services.common.plugins import resolve_plugin_dirs
+
     config = _load(file, set_)
+    config = config.model_copy(
+        update={"plugin_dirs": resolve_plugin_dirs(config.plugin_dirs, file, plugin_dir or [])}
+    )
     r = resolve(config)
+    _warn(config)
     derived = {
         "train_batch_size": r.train_batch_size,
         "experiences_per_explore_step": r.experiences_per_explore_step,
+        "max_prompt_tokens": r.max_prompt_tokens,
+        "max_response_tokens": r.max_response_tokens,
         "max_model_len": r.max_model_len,
         "max_token_len_per_gpu": r.max_token_len_per_gpu,
         "gpu_split": r.gpu_split,
@@ -72,14 +122,15 @@ def run_cmd(
     config: Annotated[Path, typer.Option("--config", "-c", help="run config YAML")],
     set_: SetOpt = None,
     explorers: Annotated[int, typer.Option(help="explorer processes (each reads shard i/n)")] = 1,
+    plugin_dir: PluginOpt = None,
 ) -> None:
     """Run CONFIG end to end as local processes: progress, then a summary and the checkpoint path.
 
-    Exit 0 finished, 1 a service failed (named, with its last log lines), 2 bad config,
+    Exit 0 finished, 1 a service failed (named, with its first error and last log lines), 2 bad config,
     130 stopped by Ctrl-C (run it again to continue from the checkpoints)."""
     from services.launch import run
 
-    raise typer.Exit(run(config, set_ or [], explorers=explorers))
+    raise typer.Exit(run(config, set_ or [], explorers=explorers, plugin_dirs=plugin_dir or []))
 
 
 @app.command("audit")
@@ -108,6 +159,36 @@ def audit_cmd(
     raise typer.Exit(0 if result.ok else 1)
 
 
+@app.command("plot")
+def plot_cmd(
+    job_dir: Path,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="PNG to write")] = None,
+) -> None:
+    """Draw JOB_DIR's curves (reward, response length, losses, KL, entropy, grad norm, throughput per
+    step; one line per explorer; stages one after another) from its metrics/*.jsonl into a PNG
+    (default JOB_DIR/curves.png)."""
+    from services.launch.plot import PlotError, plot_job
+
+    try:
+        path = plot_job(job_dir, out)
+    except PlotError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"plot: {path}")
+
+
+@app.command("convert-verl")
+def convert_verl_cmd(
+    script: Annotated[str, typer.Argument(help="file with a veRL script or command; - reads stdin")],
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="YAML to write (default stdout)")] = None,
+) -> None:
+    """Convert a veRL `main_ppo` script into a run config; keys with no equivalent become comments and
+    warnings. Several commands give OUT, OUT-2, ... Exit 2 when SCRIPT holds no veRL command."""
+    from services.launch.convert_verl.cli import convert_verl_main
+
+    raise typer.Exit(convert_verl_main(script, out))
+
+
 @app.command("make-tiny-model")
 def make_tiny_model_cmd(
     out_dir: Path,
@@ -132,7 +213,7 @@ def make_tiny_model_cmd(
     "serve",
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
 )
-def serve(ctx: typer.Context, service: str) -> None:
+def serve(ctx: typer.Context, service: str, plugin_dir: PluginOpt = None) -> None:
     """Run one service: `rft serve buffer --config run.yaml` (same as `python -m services.buffer`)."""
     if service not in SERVICES:
         typer.echo(f"unknown service {service!r}; choose one of {', '.join(SERVICES)}", err=True)
@@ -141,7 +222,8 @@ def serve(ctx: typer.Context, service: str) -> None:
     if importlib.util.find_spec(module) is None:
         typer.echo(f"the {service} service has no server in this version yet ({module} is missing)", err=True)
         raise typer.Exit(2)
-    sys.argv = [f"rft serve {service}", *ctx.args]
+    plugins = [arg for d in plugin_dir or [] for arg in ("--plugin-dir", str(Path(d).resolve()))]
+    sys.argv = [f"rft serve {service}", *ctx.args, *plugins]
     runpy.run_module(f"services.{service}", run_name="__main__", alter_sys=True)
 
 

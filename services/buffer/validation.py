@@ -7,7 +7,7 @@ Checks, per experience i (R = response length = len(tokens) - prompt_length):
 - 0 <= `prompt_length` < len(tokens) (at least one response token);
 - `logprobs`, `action_mask`, `token_level_rewards`, `advantages`, `returns`, `teacher_logprobs` are
   empty or of length R;
-- `reward` and every float array finite; `model_version` and `use_count` >= 0;
+- `reward`, `reward_baseline` and every float array finite; `model_version` and `use_count` >= 0;
 and per batch: at most `max_batch_experiences` experiences and `max_batch_bytes` serialized bytes.
 
 It works on the proto directly (no tensors): a float array is finite iff its sum in double precision is
@@ -89,8 +89,9 @@ def validate_experience(exp: experience_pb2.Experience, index: int, vocab_size: 
         if values and not math.isfinite(sum(values)):
             i = _first_non_finite(values)
             raise ValidationError(f"{where}.{name}[{i}]", f"not finite ({values[i]})")
-    if exp.HasField("reward") and not math.isfinite(exp.reward):
-        raise ValidationError(f"{where}.reward", f"not finite ({exp.reward})")
+    for scalar in ("reward", "reward_baseline"):
+        if exp.HasField(scalar) and not math.isfinite(getattr(exp, scalar)):
+            raise ValidationError(f"{where}.{scalar}", f"not finite ({getattr(exp, scalar)})")
     if exp.model_version < 0:
         raise ValidationError(f"{where}.model_version", f"{exp.model_version} < 0")
     if exp.use_count < 0:

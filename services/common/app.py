@@ -9,13 +9,16 @@ ends by itself (a run that drives itself, `trainer.auto_start` / `explorer.auto_
 `stop_service(code)`: the same graceful stop as SIGTERM, and `service_main` returns `code` (the
 highest code asked for wins, so a failure is never masked by a clean stop asked later). A port that
 cannot be bound (`BindError`, e.g. "port N on HOST is in use") ends the process with code 1 and that
-one line on stderr.
+one line on stderr. A service that cannot start (a plug-in folder that does not load, an exception
+while building it) logs the exception (`failed to start`, with its traceback) and exits 1, or 2 for
+plug-ins, before it serves; `rft run` shows that first exception in its failure message.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -24,15 +27,42 @@ from prometheus_client import start_http_server
 
 from services.common.config import ConfigError, RFTConfig, load_config
 from services.common.log import configure_logging
+from services.common.plugins import PluginError, load_plugin_dirs, python_path, resolve_plugin_dirs
 from services.common.rpc.server import BindError, Registration, serve_until_signal, start_server
 
 _EXIT_CODE = [0]
+# Set by `stop_service`; the served loop waits on it (with SIGTERM/SIGINT). It exists from before the
+# service is built, so a stop asked while starting (an auto-started run failing at once) is kept.
+_STOP: list[asyncio.Event | None] = [None]
+
+
+class StartFailed(Exception):
+    """The service could not start; the reason is already logged. `code` is the exit code."""
+
+    def __init__(self, code: int):
+        super().__init__(code)
+        self.code = code
 
 
 def stop_service(code: int = 0) -> None:
     """Stop the running service gracefully (as on SIGTERM) and make the process exit with `code`."""
     _EXIT_CODE[0] = max(_EXIT_CODE[0], int(code))
-    asyncio.get_running_loop().call_soon(signal.raise_signal, signal.SIGTERM)
+    loop = asyncio.get_running_loop()
+    stop = _STOP[0]
+    if stop is not None:
+        loop.call_soon(stop.set)
+    else:
+        loop.call_soon(signal.raise_signal, signal.SIGTERM)
+
+
+def load_service_plugins(config: RFTConfig, config_file: str, cli_dirs: Sequence[str] = ()) -> list[str]:
+    """Import the run's plug-in folders (`plugin_dirs`, `--plugin-dir`) and put them on `PYTHONPATH`
+    for the processes this one starts; returns the folders. Raises `PluginError`."""
+    dirs = resolve_plugin_dirs(config.plugin_dirs, config_file, cli_dirs)
+    if dirs:
+        load_plugin_dirs(dirs)
+        os.environ["PYTHONPATH"] = python_path(dirs, os.environ)
+    return dirs
 
 
 Build = Callable[[RFTConfig], Awaitable[tuple[Sequence[Registration], Callable[[], Awaitable[None]] | None]]]
@@ -56,15 +86,35 @@ def parse_args(service: str, argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--port", type=int, default=None, help="listen port (overrides services.<svc>.port)")
     parser.add_argument("--port-file", default=None, help="write the bound port to this file once serving")
+    parser.add_argument(
+        "--plugin-dir", action="append", default=[], dest="plugin_dirs", metavar="DIR",
+        help="a folder of plug-in modules to import at start (repeatable; adds to plugin_dirs)",
+    )  # fmt: skip
     return parser.parse_args(argv)
 
 
 async def run_service(
-    service: str, config: RFTConfig, build: Build, port: int | None, port_file: str | None
+    service: str,
+    config: RFTConfig,
+    build: Build,
+    port: int | None,
+    port_file: str | None,
+    plugins: Callable[[], object] | None = None,
 ) -> None:
     endpoint = getattr(config.services, service)
     log = configure_logging(service, run=config.name, level=config.log.level, fmt=config.log.format)
-    registrations, close = await build(config)
+    stop = _STOP[0] = asyncio.Event()
+    try:
+        if plugins is not None:
+            plugins()
+    except PluginError as exc:
+        log.exception("cannot load plug-ins", error=f"{type(exc).__name__}: {exc}")
+        raise StartFailed(2) from exc
+    try:
+        registrations, close = await build(config)
+    except Exception as exc:
+        log.exception("failed to start", error=f"{type(exc).__name__}: {exc}")
+        raise StartFailed(1) from exc
     try:
         handle = await start_server(
             registrations,
@@ -83,11 +133,9 @@ async def run_service(
     if port_file:
         with open(port_file + ".tmp", "w") as fh:
             fh.write(str(handle.port))
-        import os
-
         os.replace(port_file + ".tmp", port_file)
     log.info("serving", port=handle.port, metrics_port=metrics_port, services=handle.service_names)
-    await serve_until_signal(handle, on_stop=close)
+    await serve_until_signal(handle, on_stop=close, stop_event=stop)
     log.info("stopped")
 
 
@@ -100,9 +148,17 @@ def service_main(service: str, build: Build, argv: Sequence[str] | None = None) 
         print(exc, file=sys.stderr)
         return 2
     _EXIT_CODE[0] = 0
+
+    def plugins() -> None:
+        load_service_plugins(config, args.config, args.plugin_dirs)
+
     try:
-        asyncio.run(run_service(service, config, build, args.port, args.port_file))
+        asyncio.run(run_service(service, config, build, args.port, args.port_file, plugins))
     except BindError as exc:  # e.g. PortInUseError: "port N on HOST is in use"
         print(f"{service}: {exc.strerror}", file=sys.stderr)
         return 1
+    except StartFailed as exc:
+        return exc.code
+    finally:
+        _STOP[0] = None
     return _EXIT_CODE[0]

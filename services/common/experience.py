@@ -59,6 +59,7 @@ class Experience:
     use_count: int = 0
     rejected_tokens: torch.Tensor | None = None  # (P + R',) int64, DPO pairs only
     rejected_prompt_length: int = 0
+    reward_baseline: float | None = None  # ReMax: reward of a greedy response to the same prompt
 
     def __post_init__(self) -> None:
         self.tokens = torch.as_tensor(self.tokens, dtype=torch.int64)
@@ -127,6 +128,8 @@ def to_proto(exp: Experience) -> experience_pb2.Experience:
     )
     if exp.reward is not None:
         msg.reward = exp.reward
+    if exp.reward_baseline is not None:
+        msg.reward_baseline = exp.reward_baseline
     for name in _FLOAT_FIELDS:
         value = getattr(exp, name)
         if value is not None:
@@ -175,6 +178,7 @@ def from_proto(msg: experience_pb2.Experience) -> Experience:
         if len(msg.rejected_tokens)
         else None,
         rejected_prompt_length=msg.rejected_prompt_length,
+        reward_baseline=msg.reward_baseline if msg.HasField("reward_baseline") else None,
     )
 
 

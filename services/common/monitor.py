@@ -1,14 +1,21 @@
 """Metric sinks behind one `Monitor` protocol: console and JSON lines always; tensorboard, wandb and
-mlflow when the config asks and the package is installed."""
+mlflow when the config asks and the package is installed.
+
+Each process logs as its own run: `<name>_trainer`, `<name>_explorer`, and with several explorers
+`<name>_<explorer id>` (`<name>_explorer-0`, `<name>_explorer-1`, ...; `explorer_run_name`), so two
+explorers never write the same steps into one tensorboard run (whose curve would zig-zag between them).
+"""
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, TextIO, runtime_checkable
 
+from services.common.config import RFTConfig, resolve
 from services.common.registry import Registry
 
 
@@ -115,6 +122,14 @@ class MultiMonitor:
             m.close()
 
 
+def explorer_run_name(config: RFTConfig, explorer_id: str) -> str:
+    """The monitor run of one explorer: `<name>_explorer` for the only one (id `explorer.name`), else
+    `<name>_<explorer id>`; the tensorboard folder is `<job_dir>/monitor/<run>`."""
+    if explorer_id == config.explorer.name:
+        return resolve(config).explorer_run_name
+    return f"{config.name}_{explorer_id}"
+
+
 MONITORS: Registry[Any] = Registry("monitor")
 MONITORS.add("tensorboard", lambda project, run, job_dir, args: TensorboardMonitor(job_dir / "monitor" / run))
 MONITORS.add("wandb", lambda project, run, job_dir, args: WandbMonitor(project, run, args))
@@ -145,6 +160,6 @@ def build_monitor(
             pkg = _PACKAGES.get(monitor_type, monitor_type)
             raise RuntimeError(
                 f"monitor.monitor_type is {monitor_type!r} but {pkg!r} is not installed ({exc}); "
-                f"`pip install {pkg}` or set monitor.monitor_type: console"
+                f"`uv pip install --python {sys.executable} {pkg}` or set monitor.monitor_type: console"
             ) from exc
     return MultiMonitor(monitors)

@@ -75,7 +75,6 @@ class LocalChatModel:
         self.wrapper = wrapper
 
     async def chat_async(self, messages: Sequence[Mapping[str, str]], **args: Any) -> str:
-        args.setdefault("max_tokens", 256)
         return (await self.wrapper.chat_async(messages, **args))[0].response_text
 
     async def close(self) -> None:
@@ -97,5 +96,13 @@ def build_auxiliary_models(
             engine = ENGINES.get(cfg.engine_type if cfg.engine_type != "openai" else "hf")(
                 cfg, str(cfg.model_path), index=0, device=device
             )
-            out.append(LocalChatModel(ModelWrapper(engine, default_args={"temperature": 0.0})))
+            # the model's own limits and template; 256 reply tokens when its max_response_tokens is unset
+            wrapper = ModelWrapper(
+                engine,
+                default_args={"temperature": 0.0, "max_tokens": cfg.max_response_tokens or 256},
+                max_prompt_tokens=cfg.max_prompt_tokens,
+                chat_template=cfg.chat_template,
+                enable_thinking=cfg.enable_thinking,
+            )
+            out.append(LocalChatModel(wrapper))
     return out

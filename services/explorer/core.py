@@ -33,6 +33,7 @@ from services.common.log import get_logger
 from services.common.monitor import Monitor
 from services.common.weight_sync import weights_digest
 from services.explorer.engines.base import RolloutEngine
+from services.explorer.group_filter import fill_step
 from services.explorer.metrics import eval_metrics, rollout_metrics
 from services.explorer.model_wrapper import ModelWrapper
 from services.explorer.runner import TaskResult, WorkflowRunner
@@ -102,10 +103,7 @@ class ExplorerCore:
         self._step_lock = asyncio.Lock()
         self._stopping = False
         self._evaluated = False
-        m = config.model
-        self._chat_template = m.custom_chat_template or (
-            Path(m.chat_template_path).read_text() if m.chat_template_path else None
-        )
+        self._chat_template = self.resolved.chat_template
 
     # ------------------------------------------------------------------ lifecycle
     @property
@@ -198,19 +196,20 @@ class ExplorerCore:
     def _model(self) -> ModelWrapper:
         engine = self.engines[self._next_engine % len(self.engines)]
         self._next_engine += 1
-        m = self.config.model
         return ModelWrapper(
             engine,
             loop=asyncio.get_running_loop(),
-            max_prompt_tokens=m.max_prompt_tokens,
-            enable_prompt_truncation=m.enable_prompt_truncation,
+            max_prompt_tokens=self.resolved.max_prompt_tokens,
+            enable_prompt_truncation=self.config.model.enable_prompt_truncation,
             chat_template=self._chat_template,
-            enable_thinking=m.enable_thinking,
+            enable_thinking=self.resolved.enable_thinking,
         )
 
     async def _run_task(self, task: Task) -> TaskResult:
         async with self._slots:
             model = self._model()
+            # a workflow that passes no sampling args samples with its taskset's (token limit included)
+            model.default_args = {k: v for k, v in task.rollout_args.items() if k != "n"}
             if task.format.chat_template or task.format.enable_thinking is not None:
                 model.chat_template = task.format.chat_template or model.chat_template
                 if task.format.enable_thinking is not None:
@@ -269,6 +268,11 @@ class ExplorerCore:
             tokens0, gen0 = self._engine_totals()
             t1 = time.perf_counter()
             results = await asyncio.gather(*(self._run_task(t) for t in tasks))
+            filter_metrics: dict[str, float] = {}
+            if self.config.algorithm.filter_groups.enable:  # DAPO dynamic sampling
+                results, filter_metrics = await fill_step(
+                    results, len(tasks), self.config.algorithm.filter_groups, self._next_gen_batch
+                )
             t_run = time.perf_counter() - t1
             batch_id = str(step) if not self.incarnation else f"{step}.{self.incarnation}"
             experiences = [e for r in results if r.ok for e in self._stamp(r, step, batch_id)]
@@ -285,6 +289,7 @@ class ExplorerCore:
             if gen1 > gen0:
                 metrics["rollout/engine_tokens_per_s"] = (tokens1 - tokens0) / (gen1 - gen0)
             metrics["rollout/bad_rows"] = float(self._scheduler.bad_rows)
+            metrics |= filter_metrics
             metrics.update(
                 {
                     "time/wait_explore_step": t_wait,
@@ -302,6 +307,12 @@ class ExplorerCore:
         if self._eval_sets and interval and step % interval == 0:
             await self.eval()
         return StepResult(step=step, experiences=len(experiences), metrics=metrics)
+
+    async def _next_gen_batch(self) -> list[TaskResult]:
+        """One more generation round of a step (dynamic sampling); empty when the data is used up."""
+        assert self._scheduler is not None
+        tasks = self._scheduler.next_batch(self.tasks_per_step)
+        return list(await asyncio.gather(*(self._run_task(t) for t in tasks)))
 
     async def explore(self, steps: int = 0) -> list[StepResult]:
         """Run `steps` explore steps (0 or less: until done); evaluate on startup first if asked."""

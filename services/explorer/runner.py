@@ -1,14 +1,19 @@
 """Runs one task's workflow with a per-task timeout and `max_retry_times` retries.
 
-A workflow that raises or outlives `explorer.max_timeout` is built afresh and run again; after the
+A workflow that raises or outlives `explorer.max_timeout` is built afresh and run again (not after an
+ImportError, e.g. a plug-in named by a row that does not import: that would only repeat); after the
 last retry the task is recorded as failed (its partial group is dropped, so groups stay whole) and the
-explorer goes on. Async workflows are cancelled on timeout. Sync workflows run in daemon threads: a
+explorer goes on. A task with `greedy_baseline` (ReMax, https://arxiv.org/abs/2310.10505) runs its
+workflow once more at temperature 0; the mean reward of that greedy run becomes every sample's
+`reward_baseline` (the advantage is r - r_greedy) and is not itself trained on. Async workflows are cancelled on timeout. Sync workflows run in daemon threads: a
 hung one cannot be killed, but it is abandoned and never blocks the explorer or its shutdown.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -63,6 +68,27 @@ def in_daemon_thread(fn: Callable[[], Any]) -> asyncio.Future[Any]:
     return future
 
 
+def greedy_task(task: Task) -> Task:
+    """The same task run once at temperature 0 (greedy decoding), for ReMax's baseline."""
+    return dataclasses.replace(
+        task, repeat_times=1, rollout_args={**task.rollout_args, "temperature": 0.0}, greedy_baseline=False
+    )
+
+
+def set_reward_baseline(runs: Sequence[Sequence[Experience]], greedy: Sequence[Experience]) -> float | None:
+    """Give every sample of `runs` the mean reward of the `greedy` run as `reward_baseline` (also
+    logged as the `reward_baseline` metric); returns it, or None when the greedy run has no reward."""
+    rewards = [e.reward for e in greedy if e.reward is not None]
+    if not rewards:
+        return None
+    baseline = statistics.fmean(rewards)
+    for run in runs:
+        for exp in run:
+            exp.reward_baseline = baseline
+            exp.metrics["reward_baseline"] = baseline
+    return baseline
+
+
 class WorkflowRunner:
     def __init__(
         self,
@@ -82,11 +108,13 @@ class WorkflowRunner:
         result = TaskResult(task=task)
         try:
             cls = workflow_class(task.workflow)
-        except Exception as exc:  # unknown workflow: a config problem, not worth retrying
-            result.ok, result.error = False, str(exc)
+        except Exception as exc:  # unknown workflow (a row's workflow_key): not worth retrying
+            result.ok, result.error = False, f"{type(exc).__name__}: {exc}"
+            log.error("workflow not found", task=task.task_id, workflow=task.workflow, error=result.error)
             return result
         runs = 1 if getattr(cls, "can_repeat", False) else task.repeat_times
-        outcomes = await asyncio.gather(*(self._attempts(cls, task) for _ in range(runs)))
+        todo = [task] * runs + ([greedy_task(task)] if task.greedy_baseline else [])
+        outcomes = await asyncio.gather(*(self._attempts(cls, t) for t in todo))
         result.attempts = sum(a for _, a, _ in outcomes)
         result.retries = sum(a - 1 for _, a, _ in outcomes)
         errors = [e for exps, _, e in outcomes if exps is None]
@@ -94,6 +122,9 @@ class WorkflowRunner:
             result.ok, result.error = False, errors[0]
         else:
             result.runs = [exps for exps, _, _ in outcomes]  # type: ignore[misc]
+            if task.greedy_baseline and set_reward_baseline(result.runs[:-1], result.runs.pop()) is None:
+                result.ok, result.runs = False, []
+                result.error = "the greedy (ReMax baseline) run returned no rewarded experience"
         result.seconds = time.perf_counter() - t0
         return result
 
@@ -107,6 +138,10 @@ class WorkflowRunner:
                 error = f"timed out after {self.timeout_s:g}s"
             except PromptTooLong as exc:
                 return None, attempt, str(exc)
+            except ImportError as exc:  # a plug-in (a row's reward function, say) that does not import
+                error = f"{type(exc).__name__}: {exc}"
+                log.error("workflow failed", task=task.task_id, workflow=task.workflow, error=error)
+                return None, attempt, error
             except Exception as exc:
                 error = f"{type(exc).__name__}: {exc}"
             log.warning(

@@ -1,6 +1,9 @@
 """Turns taskset rows into Tasks: which workflow, reward function, rollout args and repeat count each
 row gets, drawing training batches round-robin across `buffer.explorer_input.tasksets`.
 
+The workflow and reward function a taskset names are resolved when it opens (plug-ins imported), so
+a misspelt name or a plug-in that does not import stops the explorer at start, not at its first step.
+
 Several explorers can share tasksets without overlap: explorer `i` of `n` (its shard) takes the rows
 whose index is `i` modulo `n`.
 """
@@ -11,8 +14,10 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from services.common.config import Resolved, TasksetConfig
+from services.common.rewards import get_scorer
 from services.explorer.tasks import Task
 from services.explorer.tasksets import Taskset
+from services.explorer.workflows import workflow_class
 
 DEFAULT_WORKFLOW = "math"
 
@@ -38,7 +43,12 @@ class TaskFactory:
         self.reward_fn = cfg.default_reward_fn_type or ei.default_reward_fn_type
         self.rollout_args = resolved.rollout_args(cfg)
         self.repeat_times = resolved.repeat_times(cfg, eval=is_eval)
+        self.greedy_baseline = not is_eval and resolved.config.algorithm.greedy_baseline
         self._needs_response = needs_response
+        # the configured names resolve now (plug-ins imported): a bad one stops the explorer at start
+        _resolve(f"taskset {name!r}: workflow", self.workflow, workflow_class)
+        if self.reward_fn:
+            _resolve(f"taskset {name!r}: reward function", self.reward_fn, get_scorer)
 
     def workflow_of(self, row: Mapping[str, Any]) -> str:
         key = self.cfg.format.workflow_key
@@ -63,7 +73,16 @@ class TaskFactory:
             reward_fn_args=self.cfg.reward_fn_args,
             is_eval=self.is_eval,
             epoch=epoch,
+            greedy_baseline=self.greedy_baseline,
         )
+
+
+def _resolve(what: str, name: str, lookup: Callable[[str], Any]) -> None:
+    """`lookup(name)`, its error re-raised (same type) with `what` in front."""
+    try:
+        lookup(name)
+    except (ImportError, KeyError, TypeError) as exc:
+        raise type(exc)(f"{what} {name!r}: {exc}") from exc
 
 
 def taskset_name(cfg: TasksetConfig, i: int, prefix: str = "taskset") -> str:

@@ -34,7 +34,7 @@ from services.common.buffer_client import BufferClient
 from services.common.config import RFTConfig, resolve
 from services.common.config.gpus import explorer_gpu_count
 from services.common.log import get_logger
-from services.common.monitor import build_monitor
+from services.common.monitor import build_monitor, explorer_run_name
 from services.common.rpc import create_channel
 from services.common.rpc.server import Registration
 from services.common.sync_client import RunFinished, SyncClient, SyncWaitTimeout
@@ -77,7 +77,7 @@ async def build_core(
 ) -> ExplorerCore:
     ident, parts = explorer_identity(config, explorer_id, shard)
     resolved = resolve(config)
-    rollout = config.explorer.rollout_model
+    rollout = resolved.rollout_model  # twins of model.* (max_model_len, ...) resolved
     model_path = rollout.model_path or config.model.model_path
     rollout_devices, aux_devices = _devices(config)
     engines = await asyncio.to_thread(
@@ -103,7 +103,7 @@ async def build_core(
     monitor = build_monitor(
         config.monitor.monitor_type,
         project=config.project,
-        run_name=resolved.explorer_run_name,
+        run_name=explorer_run_name(config, ident),  # one monitor run per explorer
         job_dir=resolved.job_dir,
         metrics_file=metrics_file,
         args=config.monitor.monitor_args,

@@ -35,6 +35,9 @@ class Task:
     reward_fn_args: Mapping[str, Any] = field(default_factory=dict)
     is_eval: bool = False
     epoch: int = 0
+    # ReMax: also run the workflow once greedily (temperature 0); its reward is every sample's
+    # `reward_baseline` (set by the runner)
+    greedy_baseline: bool = False
 
     @property
     def ground_truth(self) -> Any:

@@ -2,8 +2,10 @@
 
 Not a service: it starts the services (`python -m services.<name> --config FILE`) and talks to them
 only through their process interface (port file, gRPC health, SIGTERM) and the files they write
-(metrics, checkpoints). It imports `services.common` and libraries only.
+(metrics, checkpoints). It imports `services.common` and libraries, and the services' registries
+only to check a config's names (names.py).
 
+    names.py         every registry name and `module:object` plug-in of the config resolves (before any start)
     plan.py          stages, which processes each mode needs, the config every process reads
     gpus.py          which GPUs each process sees (CUDA_VISIBLE_DEVICES from cluster.gpu_per_node)
     preflight.py     Redis answers, monitor package installed, model folder there (before any start)
@@ -13,9 +15,10 @@ only through their process interface (port file, gRPC health, SIGTERM) and the f
     offline_data.py  SFT rows -> experiences into a train stage's buffer
     progress.py      live progress from metrics/*.jsonl (rich on a TTY, log lines otherwise)
     summary.py       summary.json per stage and for the run
+    plot.py          curves.png from metrics/*.jsonl (`rft plot`, and at the end of every run)
 
 Exit codes (`run` returns them): 0 finished, 1 a runtime failure (the failing service is named with
-its last log lines), 2 a bad config, 130 stopped by SIGINT/SIGTERM (checkpoints flushed; run it again
+the first exception of its log and its last log lines), 2 a bad config (names included), 130 stopped by SIGINT/SIGTERM (checkpoints flushed; run it again
 to continue from them).
 """
 
@@ -31,11 +34,21 @@ from pathlib import Path
 
 from services.common.config import ConfigError, RFTConfig, load_config, resolve
 from services.common.config.gpus import GpuPlacementError
+from services.common.config.loader import config_warnings
+from services.common.plugins import python_path
 from services.launch.gpus import stage_gpus
+from services.launch.names import check_config
 from services.launch.plan import Stage, plan_stages
 from services.launch.preflight import PreflightError, preflight
 from services.launch.runner import StageFailed, StageOptions, StageRun, train_batch_size
-from services.launch.summary import last_hf_export, read_summary, run_summary, stage_summary, write_summary
+from services.launch.summary import (
+    earlier_wall_time,
+    last_hf_export,
+    read_summary,
+    run_summary,
+    stage_summary,
+    write_summary,
+)
 
 __all__ = ["run"]
 
@@ -55,12 +68,13 @@ async def _run_stages(
     for i, stage in enumerate(stages):
         label = stage.name or config.name
         summary_file = stage.job_dir / "summary.json"
-        previous = read_summary(summary_file) if multi else None
+        previous = read_summary(summary_file)
         if multi and config.continue_from_checkpoint and previous and previous.get("status") == "finished":
             print(f"[{label}] finished in an earlier run; continuing from it", flush=True)
             results.append((stage.name, previous))
         else:
-            t0 = time.monotonic()
+            # the time of the runs this one continues: the metrics files keep their lines
+            t0 = time.monotonic() - (earlier_wall_time(previous) if config.continue_from_checkpoint else 0.0)
             status, failure = "failed", None
             run = StageRun(stage, model_path, opts, multi, label)
             active[:] = [run]
@@ -104,38 +118,51 @@ async def _main(config: RFTConfig, stages: list[Stage], opts: StageOptions) -> i
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal, sig)
-    t0 = time.monotonic()
     try:
         status, results, failure = await _run_stages(config, stages, opts, stop, active)
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
-    summary = run_summary(results, status, time.monotonic() - t0)
+    summary = run_summary(results, status)
     top = resolve(config).job_dir / "summary.json"
     write_summary(top, summary)
+    plot = _plot(top.parent)
     if failure is not None:
         where = f" ({failure.log_file})" if failure.log_file else ""
         _err(f"the {failure.service} failed: {failure.message}")
         if failure.log_tail:
             print(f"--- last lines of the {failure.service} log{where} ---\n{failure.log_tail}\n---",
                   file=sys.stderr, flush=True)  # fmt: skip
-        print(f"summary: {top}", flush=True)
+        print(f"summary: {top}{plot}", flush=True)
         return EXIT_FAILED
     if status == "interrupted":
-        print(f"rft run: stopped; run the same command again to continue. summary: {top}", flush=True)
+        print(f"rft run: stopped; run the same command again to continue. summary: {top}{plot}", flush=True)
         return EXIT_INTERRUPTED
-    _print_done(summary, top)
+    _print_done(summary, top, plot)
     return EXIT_OK
 
 
-def _print_done(summary: dict, top: Path) -> None:
+def _plot(job_dir: Path) -> str:
+    """Draw the run's curves (plot.py) into job_dir/curves.png; returns the `plot: <path>` line to print
+    after the summary's (with its newline), or '' when drawing failed: that never fails a run, it is
+    reported on stderr."""
+    try:
+        from services.launch.plot import plot_job
+
+        return f"\nplot: {plot_job(job_dir)}"
+    except Exception as exc:  # a plot is a by-product: a run that trained stays a success
+        _err(f"could not draw the curves ({type(exc).__name__}: {exc}); `rft plot {job_dir}` tries again")
+        return ""
+
+
+def _print_done(summary: dict, top: Path, plot: str) -> None:
     def f(v):
         return "-" if v is None else f"{v:.3f}"
 
     print(
         f"rft run: finished: {summary['steps']} steps, reward {f(summary['first_reward_mean'])} -> "
         f"{f(summary['last_reward_mean'])}, {summary['wall_time_s']:.0f}s\n"
-        f"checkpoint: {summary['checkpoint']}\nsummary: {top}",
+        f"checkpoint: {summary['checkpoint']}\nsummary: {top}{plot}",
         flush=True,
     )
 
@@ -146,14 +173,22 @@ def run(
     *,
     explorers: int = 1,
     live: bool | None = None,
+    plugin_dirs: Sequence[str] = (),
 ) -> int:
-    """Run the config end to end; returns the exit code."""
+    """Run the config end to end; returns the exit code. `plugin_dirs`: `--plugin-dir` folders, added
+    to the config's `plugin_dirs`."""
     try:
         config = load_config(config_file, overrides=list(overrides))
+        # every name resolves (plug-ins imported) before anything starts; plugin_dirs become absolute
+        config, problems = check_config(config, config_file, plugin_dirs)
+        if problems:
+            raise ConfigError(str(config_file), problems)
         stages = plan_stages(config)
     except ConfigError as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_CONFIG
+    for line in config_warnings(config):  # keys that load but have no effect here (config/compat.py)
+        _err(f"warning: {line}")
     if explorers < 1:
         _err("--explorers must be >= 1")
         return EXIT_CONFIG
@@ -168,10 +203,13 @@ def run(
     except PreflightError as exc:
         _err(str(exc))
         return EXIT_FAILED
+    environ = dict(os.environ)
+    if config.plugin_dirs:  # the services import them from the config; their own children find them too
+        environ["PYTHONPATH"] = python_path(config.plugin_dirs, environ)
     opts = StageOptions(
         explorers=explorers,
         auth_token=config.services.auth_token,
-        environ=dict(os.environ),
+        environ=environ,
         cwd=Path.cwd(),
         live=live,
     )

@@ -8,6 +8,10 @@ Tokens are made exactly as the explorer makes them, so the warm-up teaches what 
 prompt ids without special tokens, then the response ids and EOS. Each row is its own group.
 Enough epochs are fed to cover `total_steps` x `train_batch_size` rows (or `total_epochs`); a full
 buffer (RESOURCE_EXHAUSTED) is waited out, so a large file streams in as the trainer consumes it.
+
+For a pairwise loss (DPO) a row holds a prompt and two responses under `chosen_key` and
+`rejected_key`; it becomes one pair experience (`tokens` = prompt + chosen, `rejected_tokens` =
+prompt + rejected), so the buffer hands a pair out whole and the trainer expands it into two rows.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import torch
 
 from services.common.buffer_client import BufferClient
 from services.common.config import FormatConfig, RFTConfig, resolve
@@ -58,16 +63,25 @@ def load_rows(path: str, split: str = "train") -> list[dict[str, Any]]:
     return [dict(r) for r in data]
 
 
+def _text(value: Any) -> str:
+    """A response as text: a string, or the content of the last message of a message list."""
+    if isinstance(value, list) and value and isinstance(value[-1], dict):
+        return str(value[-1].get("content", ""))
+    return str(value)
+
+
 def build_experiences(
-    rows: Sequence[dict[str, Any]], tokenizer: Any, fmt: FormatConfig, source: str = ""
+    rows: Sequence[dict[str, Any]], tokenizer: Any, fmt: FormatConfig, source: str = "", pairs: bool = False
 ) -> list[Experience]:
-    """One Experience per row: prompt tokens + response tokens + EOS, reward 0, version 0."""
+    """One Experience per row: prompt tokens + response tokens + EOS, reward 0, version 0; with
+    `pairs`, the chosen response in `tokens` and the rejected one in `rejected_tokens`."""
     eos = tokenizer.eos_token_id
+    keys = (fmt.chosen_key, fmt.rejected_key) if pairs else (fmt.response_key,)
     out = []
     for i, row in enumerate(rows):
-        if fmt.prompt_key not in row or fmt.response_key not in row:
+        if fmt.prompt_key not in row or any(k not in row for k in keys):
             raise OfflineDataError(
-                f"{source} row {i + 1}: needs keys {fmt.prompt_key!r} and {fmt.response_key!r} "
+                f"{source} row {i + 1}: needs keys {', '.join(map(repr, (fmt.prompt_key, *keys)))} "
                 f"(buffer.trainer_input.experience_buffer.format); it has {sorted(row)}"
             )
         prompt = str(row[fmt.prompt_key])
@@ -79,22 +93,28 @@ def build_experiences(
             prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         prompt += fmt.reply_prefix or ""
         p_ids = list(tokenizer.encode(prompt, add_special_tokens=False))
-        r_ids = list(tokenizer.encode(str(row[fmt.response_key]), add_special_tokens=False))
-        if eos is not None:
-            r_ids.append(int(eos))
-        if not r_ids:
-            raise OfflineDataError(f"{source} row {i + 1}: empty response")
-        out.append(
-            Experience(
-                tokens=p_ids + r_ids,
-                prompt_length=len(p_ids),
-                logprobs=[0.0] * len(r_ids),
-                action_mask=[True] * len(r_ids),
-                reward=0.0,
-                prompt_text=prompt,
-                response_text=str(row[fmt.response_key]),
-            )
+        responses = []
+        for key in keys:
+            r_ids = list(tokenizer.encode(_text(row[key]), add_special_tokens=False))
+            if eos is not None:
+                r_ids.append(int(eos))
+            if not r_ids:
+                raise OfflineDataError(f"{source} row {i + 1}: empty response under {key!r}")
+            responses.append(r_ids)
+        r_ids = responses[0]
+        exp = Experience(
+            tokens=p_ids + r_ids,
+            prompt_length=len(p_ids),
+            logprobs=[0.0] * len(r_ids),
+            action_mask=[True] * len(r_ids),
+            reward=0.0,
+            prompt_text=prompt,
+            response_text=_text(row[keys[0]]),
         )
+        if pairs:
+            exp.rejected_tokens = torch.tensor(p_ids + responses[1], dtype=torch.int64)
+            exp.rejected_prompt_length = len(p_ids)
+        out.append(exp)
     return out
 
 
@@ -127,7 +147,9 @@ async def feed(config: RFTConfig, buffer_address: str, stop: asyncio.Event, auth
     assert eb.path, "feed() needs buffer.trainer_input.experience_buffer.path"
     rows = await asyncio.to_thread(load_rows, eb.path, eb.split)
     tokenizer = await asyncio.to_thread(load_tokenizer, config.model.model_path)
-    experiences = build_experiences(rows, tokenizer, eb.format, source=eb.path)
+    experiences = build_experiences(
+        rows, tokenizer, eb.format, source=eb.path, pairs=config.algorithm.pairwise
+    )
     svc = config.services
     channel = create_channel(buffer_address, auth_token=auth_token, tls=svc.tls, timeout_s=svc.rpc_timeout)
     client = BufferClient(channel, producer_id=f"{config.name}-offline", timeout_s=svc.rpc_timeout)

@@ -1,10 +1,14 @@
 """Checks `rft run` makes before it starts any process, so a run that cannot work fails at once with
 a message saying what to do: the Redis server a `redis` buffer store needs answers, the monitor
-backend's package is installed, the first stage's model folder exists."""
+backend's package is installed, the first stage's model folders and every stage's data files exist.
+
+Relative paths are resolved against the current directory, as the services `rft run` starts (they
+run in it) resolve them; `rft config check` runs the same path checks (`path_problems`)."""
 
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 from services.common.config import RFTConfig
@@ -36,18 +40,64 @@ def check_monitor(monitor_type: str) -> None:
     if pkg and importlib.util.find_spec(pkg) is None:
         raise PreflightError(
             f"monitor.monitor_type is {monitor_type!r} but the {pkg!r} package is not installed; "
-            f"`pip install {pkg}` or set monitor.monitor_type: console"
+            f"`uv pip install --python {sys.executable} {pkg}` or set monitor.monitor_type: console"
         )
 
 
-def check_model(path: str) -> None:
+def check_model(path: str, key: str = "model.model_path") -> None:
     if not path:
-        raise PreflightError("model.model_path is not set")
+        raise PreflightError(f"{key} is not set")
     if not Path(path).expanduser().is_dir():
         raise PreflightError(
-            f"model.model_path {path!r} is not a local folder; models are never downloaded at run time. "
+            f"{key} {path!r}{_relative(path)} is not a local folder; models are never downloaded at run time. "
             f"For the tiny model: `rft make-tiny-model {path}`"
         )
+
+
+def _relative(path: str) -> str:
+    p = Path(path).expanduser()
+    return "" if p.is_absolute() else f" (relative to the current directory, {Path.cwd()})"
+
+
+def _data_paths(config: RFTConfig) -> list[tuple[str, str]]:
+    ei, ti = config.buffer.explorer_input, config.buffer.trainer_input
+    out = [("buffer.explorer_input.taskset.path", ei.taskset.path)] if ei.taskset is not None else []
+    out += [(f"buffer.explorer_input.tasksets[{i}].path", t.path) for i, t in enumerate(ei.tasksets)]
+    out += [
+        (f"buffer.explorer_input.eval_tasksets[{i}].path", t.path) for i, t in enumerate(ei.eval_tasksets)
+    ]
+    if ti.experience_buffer.path:
+        out.append(("buffer.trainer_input.experience_buffer.path", ti.experience_buffer.path))
+    return out
+
+
+def path_problems(stages: list[RFTConfig]) -> list[str]:
+    """Every local path the stages read that is not there: the first stage's model folders (later
+    stages start from the previous stage's export) and every stage's tasksets and SFT data."""
+    problems = []
+    if stages:
+        first = stages[0]
+        models = [("model.model_path", first.model.model_path)]
+        if first.model.critic_model_path:
+            models.append(("model.critic_model_path", first.model.critic_model_path))
+        if first.explorer.rollout_model.model_path and first.mode != "train":
+            models.append(("explorer.rollout_model.model_path", first.explorer.rollout_model.model_path))
+        for i, m in enumerate(first.explorer.auxiliary_models):
+            if m.model_path and not m.api_base and first.mode != "train":
+                models.append((f"explorer.auxiliary_models[{i}].model_path", m.model_path))
+        for key, path in models:
+            try:
+                check_model(path, key)
+            except PreflightError as exc:
+                problems.append(str(exc))
+    for n, config in enumerate(stages):
+        label = f"stage {n}: " if len(stages) > 1 else ""
+        for key, path in _data_paths(config):
+            if key.startswith("buffer.explorer_input") and config.mode == "train":
+                continue
+            if path and not Path(path).expanduser().exists():
+                problems.append(f"{label}{key} {path!r}{_relative(path)} does not exist")
+    return sorted(set(problems), key=problems.index)
 
 
 def preflight(stages: list[RFTConfig]) -> None:
@@ -57,5 +107,6 @@ def preflight(stages: list[RFTConfig]) -> None:
         check_redis(url)
     for monitor_type in sorted({c.monitor.monitor_type for c in stages}):
         check_monitor(monitor_type)
-    if stages:
-        check_model(stages[0].model.model_path)
+    problems = path_problems(stages)
+    if problems:
+        raise PreflightError("; ".join(problems))

@@ -1,5 +1,6 @@
 """One service as a local child process: started with `--config FILE --port-file PATH`, its output
-redirected to `<job_dir>/log/<name>.log`, ready when it wrote its port and the gRPC health service
+redirected to `<job_dir>/log/<name>.log` (`first_error` finds the first exception it logged, for the
+failure message of `rft run`), ready when it wrote its port and the gRPC health service
 answers SERVING, stopped with SIGTERM (graceful) and then SIGKILL after a deadline.
 
 Children run in their own session so a Ctrl-C in the terminal reaches only `rft run`, which then
@@ -16,6 +17,7 @@ atfork handlers, which can hang the launcher or crash the child while the launch
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -46,6 +48,74 @@ def _with_parent(argv: Sequence[str]) -> list[str]:
     return [sys.executable, "-I", "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]
 
 
+_CHAIN = ("During handling of the above exception", "The above exception was the direct cause")
+_SCAN_BYTES = 8 << 20  # how much of a log `first_error` reads at most
+
+
+def _is_exception_line(line: str) -> bool:
+    return bool(line) and not line[0].isspace() and not line.startswith(("Traceback", *_CHAIN))
+
+
+def _exception_line(traceback: list[str]) -> str | None:
+    """'Type: message' of a Python traceback's lines: its last exception (after any chained ones); the
+    first line of that exception's message, the type without its module (`pkg.mod.PluginError`)."""
+    found, previous = None, ""
+    for line in traceback:
+        if _is_exception_line(line) and (previous[:1].isspace() or previous.startswith("Traceback")):
+            found = line.strip()
+        if line.strip():
+            previous = line
+    if found is None:
+        return None
+    kind, sep, message = found.partition(":")
+    return kind.rsplit(".", 1)[-1] + sep + message if " " not in kind else found
+
+
+def _json_error(line: str) -> str | None:
+    """The exception of a structlog JSON line that logged one (`log.exception`, or `error=` at error level)."""
+    if not line.startswith("{"):
+        return None
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(record, dict):
+        return None
+    trace = record.get("exception")
+    if isinstance(trace, str) and trace.strip():
+        return _exception_line(trace.splitlines())
+    if record.get("level") in ("error", "critical") and isinstance(record.get("error"), str):
+        return record["error"]
+    return None
+
+
+def first_error(path: Path, offset: int = 0) -> str | None:
+    """The first exception a service's log holds from byte `offset` on, as 'Type: message': a structlog
+    JSON line that logged one, or an uncaught Python traceback (its last exception, after any chained
+    ones). None if there is none."""
+    try:
+        with path.open("rb") as fh:
+            fh.seek(offset)
+            lines = fh.read(_SCAN_BYTES).decode("utf-8", errors="replace").splitlines()
+    except OSError:
+        return None
+    block: list[str] | None = None  # the lines of the traceback being read
+    for i, line in enumerate(lines):
+        if block is None:
+            found = _json_error(line.strip())
+            if found:
+                return found
+            if line.startswith("Traceback (most recent call last):"):
+                block = [line]
+            continue
+        block.append(line)
+        if _is_exception_line(line):
+            following = next((x for x in lines[i + 1 : i + 4] if x.strip()), "")
+            if not following.startswith(_CHAIN):  # else a chained exception's traceback follows
+                return _exception_line(block)
+    return _exception_line(block) if block else None
+
+
 def tail(path: Path, lines: int = 20) -> str:
     """The last `lines` lines of a log file ('' when it does not exist)."""
     try:
@@ -72,6 +142,8 @@ class ServiceProcess:
     finishes_run: bool = False
     proc: subprocess.Popen[bytes] | None = None
     port: int | None = None
+    # where this start's output begins in the log file (the file keeps earlier starts' output)
+    log_offset: int = 0
 
     def start(self, cwd: Path | None = None, extra_env: Mapping[str, str] | None = None) -> None:
         """Start (or start again, after it exited): the port is read anew from the port file."""
@@ -81,6 +153,7 @@ class ServiceProcess:
             self.port_file.parent.mkdir(parents=True, exist_ok=True)
             self.port_file.unlink(missing_ok=True)
         log = self.log_file.open("ab")
+        self.log_offset = log.tell()
         try:
             self.proc = subprocess.Popen(
                 _with_parent(self.argv),
@@ -153,6 +226,10 @@ class ServiceProcess:
 
     def tail(self, lines: int = 20) -> str:
         return tail(self.log_file, lines)
+
+    def first_error(self) -> str | None:
+        """The first exception this start of the process logged ('Type: message'), if any."""
+        return first_error(self.log_file, self.log_offset)
 
 
 def describe_exit(code: int) -> str:

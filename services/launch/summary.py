@@ -8,7 +8,9 @@ Per stage (written to the stage's job folder) and for the whole run (the run's j
     first_reward_mean rollout/reward/mean of the first explorer step
     last_reward_mean  mean of rollout/reward/mean over the last 5 explorer steps
                       (at the top: both from the last stage that explored, e.g. the RL stage after SFT)
-    wall_time_s       seconds from start to end (all stages at the top)
+    wall_time_s       seconds the stage ran, added up over every `rft run` that continued it (the
+                      metrics files, and so the counts below, keep the lines of the runs before);
+                      at the top the sum over the stages, so a finished run started again keeps it
     samples_per_s     experiences explored (or trained, when nothing explored) per second of wall time
     checkpoint        the last HF export (global_step_N/huggingface), or the last checkpoint folder
 """
@@ -84,16 +86,26 @@ def stage_summary(job_dir: Path, status: str, wall_time_s: float, train_batch_si
     }
 
 
-def run_summary(
-    stages: Sequence[tuple[str, dict[str, Any]]], status: str, wall_time_s: float
-) -> dict[str, Any]:
-    """The whole run: sums and firsts/lasts over the stages' summaries, plus each stage's."""
+def earlier_wall_time(previous: dict[str, Any] | None) -> float:
+    """Seconds a stage already ran in the `rft run`s before this one (0 without an earlier summary)."""
+    try:
+        return max(0.0, float((previous or {}).get("wall_time_s") or 0.0))
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def run_summary(stages: Sequence[tuple[str, dict[str, Any]]], status: str) -> dict[str, Any]:
+    """The whole run: sums and firsts/lasts over the stages' summaries, plus each stage's.
+
+    The wall time is the stages' sum, not the time of this `rft run`: a stage that finished in an
+    earlier run is taken over with its own time, so a finished run started again keeps its numbers."""
     if len(stages) == 1 and not stages[0][0]:
-        return {**stages[0][1], "status": status, "wall_time_s": round(wall_time_s, 2)}
+        return {**stages[0][1], "status": status}
     summaries = [s for _, s in stages]
     explored = [s for s in summaries if s.get("first_reward_mean") is not None]
     last = summaries[-1] if summaries else {}
-    total_rate = sum((s.get("samples_per_s") or 0) * s.get("wall_time_s", 0) for s in summaries)
+    wall_time_s = sum(float(s.get("wall_time_s") or 0.0) for s in summaries)
+    total_rate = sum((s.get("samples_per_s") or 0) * (s.get("wall_time_s") or 0) for s in summaries)
     return {
         "status": status,
         "steps": sum(int(s.get("steps", 0)) for s in summaries),

@@ -14,7 +14,8 @@ wave dials it there (gRPC binds with SO_REUSEADDR, so a killed server's port is 
 A background task waits until it answers the health check, so the others stay supervised meanwhile.
 A process in `RestartPolicy.restarts_stage` (the buffer on the memory store: its data died with it)
 restarts the whole stage instead: `run` stops every process in order and starts both waves again.
-With the budget spent the stage fails (`StageFailed` names the process and carries its last log lines).
+With the budget spent the stage fails (`StageFailed` names the process, the first exception its log
+holds since its last start, e.g. `ImportError: ...`, and carries its last log lines).
 
 Stop: SIGTERM to the second wave (the trainer flushes its checkpoint while the buffer is still up),
 wait, SIGKILL what is left, then the same for the first wave.
@@ -85,6 +86,9 @@ class Supervisor:
         print(f"[{self.label}] {message}", flush=True)
 
     def _fail(self, p: ServiceProcess, message: str) -> StageFailed:
+        error = p.first_error()
+        if error:
+            message += f"; its first error: {error}"
         return StageFailed(p.name, message, p.tail(30), p.log_file)
 
     def _launch(self, p: ServiceProcess, extra_env: dict[str, str] | None = None) -> None:

@@ -13,9 +13,10 @@ import os
 import sys
 from collections.abc import Sequence
 
-from services.common.app import parse_args, service_main
+from services.common.app import load_service_plugins, parse_args, service_main
 from services.common.config import ConfigError, load_config
 from services.common.log import configure_logging
+from services.common.plugins import PluginError
 from services.trainer.service import build, run_worker_rank
 
 
@@ -56,7 +57,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
-    configure_logging("trainer", run=config.name, level=config.log.level, fmt=config.log.format)
+    log = configure_logging("trainer", run=config.name, level=config.log.level, fmt=config.log.format)
+    try:  # a plug-in policy loss (say) runs on every rank
+        load_service_plugins(config, args.config, args.plugin_dirs)
+    except PluginError as exc:
+        log.exception("cannot load plug-ins", error=f"{type(exc).__name__}: {exc}")
+        return 2
     return run_worker_rank(config)
 
 

@@ -42,6 +42,8 @@ from services.trainer.settings import TrainerSettings
 
 __all__ = ["Actor", "agg_normaliser", "policy_forward"]
 
+_TOKEN_WEIGHTED = ("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower")
+
 
 def policy_forward(
     module: nn.Module,
@@ -106,6 +108,8 @@ class Actor:
         preset = settings.preset
         self.loss_fn = get_policy_loss_fn(preset.policy_loss_fn)
         self.loss_cfg: Mapping[str, Any] = preset.policy_loss_fn_args
+        # DPO: the loss's first argument is the reference log-probs, not the old policy's
+        self.loss_reads_ref = bool(getattr(self.loss_fn, "reads_reference", False))
         self.loss_agg_mode = preset.loss_agg_mode
         self.entropy_coef = (
             float(preset.entropy_loss_fn_args.get("entropy_coef", 0.0))
@@ -117,6 +121,7 @@ class Actor:
         self.batching = MicroBatching(
             settings.micro_batch_size,
             settings.max_tokens_per_micro_batch if settings.use_dynamic_bsz else None,
+            unit_rows=settings.rows_per_experience,
         )
 
     @torch.no_grad()
@@ -144,7 +149,7 @@ class Actor:
         batch = step.batch
         if self.settings.recompute_old_log_probs:
             batch.require("old_log_probs")
-        if self.kl_coef:
+        if self.kl_coef or self.loss_reads_ref:
             batch.require("ref_log_probs")
         self.module.train()
         # the optimizer holds the sharded leaf parameters; `module.parameters()` may list FSDP2's
@@ -153,16 +158,24 @@ class Actor:
         mini = self.settings.mini_batch_size
         sums = torch.zeros(6, dtype=torch.float64)  # pg_loss, clipfrac, ppo_kl, entropy, kl_loss, clip_lower
         diff = torch.zeros(3, dtype=torch.float64)  # sum |p_rollout - p_old|, tokens, max
+        extra: dict[str, float] = {}  # the loss's own metrics (DPO rewards), weighted by loss share
         norms: list[float] = []
         skipped = 0
         for _ in range(self.settings.ppo_epochs):
             for start in range(0, step.size, mini):
                 mini_batch = step.rows(range(start, min(start + mini, step.size)))
-                metrics, grad_norm = self._mini_batch_step(mini_batch, params, diff)
+                metrics, grad_norm = self._mini_batch_step(mini_batch, params, diff, extra)
                 sums += metrics
                 norms.append(grad_norm)
                 skipped += 0 if math.isfinite(grad_norm) else 1
+        extra_keys = sorted(extra)
+        if self.info.world_size > 1:  # the same keys on every rank, even from a plug-in loss
+            gathered: list[list[str] | None] = [None] * self.info.world_size
+            dist.all_gather_object(gathered, extra_keys)
+            extra_keys = sorted({k for keys in gathered for k in keys or ()})
+        extra_sums = torch.tensor([extra.get(k, 0.0) for k in extra_keys], dtype=torch.float64)
         if self.info.world_size > 1:
+            dist.all_reduce(extra_sums)
             dist.all_reduce(sums)
             dist.all_reduce(diff[:2])
             dist.all_reduce(diff[2:], op=dist.ReduceOp.MAX)
@@ -177,6 +190,7 @@ class Actor:
             if diff[1] > 0
             else {}
         )
+        rollout |= dict(zip(extra_keys, (extra_sums / n_updates).tolist(), strict=True))
         return rollout | {
             "actor/pg_loss": avg[0],
             "actor/pg_clipfrac": avg[1],
@@ -191,11 +205,12 @@ class Actor:
         }
 
     def _mini_batch_step(
-        self, mini: StepBatch, params: list[nn.Parameter], diff: torch.Tensor
+        self, mini: StepBatch, params: list[nn.Parameter], diff: torch.Tensor, extra: dict[str, float]
     ) -> tuple[torch.Tensor, float]:
         """Accumulate the micro-batch gradients of one mini-batch, clip, step.
 
-        `diff` accumulates the rollout-vs-old probability differences ``[sum, count, max]`` in place.
+        `diff` accumulates the rollout-vs-old probability differences ``[sum, count, max]`` in place;
+        `extra` the loss function's other metrics, each weighted by its micro-batch's loss share.
 
         Returns the six summed metrics (see `update_policy`) and the grad norm.  The loss metrics
         stay tensors on the device until the end of the mini-batch (one transfer, not one sync per
@@ -229,13 +244,15 @@ class Actor:
                 part = rollout_probs_diff(b.rollout_log_probs.to(dev), old, mask)
                 diff[:2] += part[:2]
                 diff[2] = max(diff[2], part[2])
+            baseline = b.require("ref_log_probs").to(dev) if self.loss_reads_ref else old
             pg_loss, pg_metrics = self.loss_fn(
-                old,
+                baseline,
                 log_prob,
                 b.advantages.to(dev) if b.advantages is not None else None,
                 mask,
                 mode,
                 dict(self.loss_cfg),
+                b.rollout_is_weights.to(dev) if b.rollout_is_weights is not None else None,
             )
             ent_loss = agg_loss(entropy, mask, mode)
             loss = pg_loss - self.entropy_coef * ent_loss if self.entropy_coef else pg_loss
@@ -248,6 +265,9 @@ class Actor:
             scale = agg_normaliser(b.response_mask, mode) / global_norm if global_norm else 0.0
             (loss * (scale * world)).backward()
             token_share = float(b.response_mask.sum()) / global_tokens
+            for key, value in pg_metrics.items():
+                if key not in _TOKEN_WEIGHTED and key != "actor/pg_loss":
+                    extra[key] = extra.get(key, 0.0) + float(value) * scale
             losses += torch.stack([pg_loss.detach(), ent_loss.detach(), kl_loss.detach()]).double() * scale
             loss_fn_metrics += (
                 torch.tensor(

@@ -12,22 +12,17 @@ import torch
 
 from services.trainer.algorithms import (
     AlgorithmPreset,
-    FixedKLController,
+    KLController,
     TrainBatch,
     apply_kl_penalty,
     compute_advantage,
 )
 
-__all__ = ["make_kl_controller", "shape_rewards_and_advantages"]
-
-
-def make_kl_controller(preset: AlgorithmPreset) -> FixedKLController:
-    """The reward-KL coefficient β (`kl_penalty_fn_args.kl_coef`)."""
-    return FixedKLController(float(preset.kl_penalty_fn_args.get("kl_coef", 0.001)))
+__all__ = ["shape_rewards_and_advantages"]
 
 
 def shape_rewards_and_advantages(
-    batch: TrainBatch, preset: AlgorithmPreset, kl_ctrl: FixedKLController
+    batch: TrainBatch, preset: AlgorithmPreset, kl_ctrl: KLController
 ) -> tuple[TrainBatch, dict[str, float]]:
     """Return the batch with `token_level_rewards`, `advantages` and `returns` set, and metrics."""
     metrics: dict[str, float] = {}

@@ -32,7 +32,9 @@ __all__ = [
     "ModelShape",
     "Packed",
     "StepBatch",
+    "check_pairs",
     "collate",
+    "expand_pairs",
     "layout_flops",
     "model_inputs",
     "pack",
@@ -99,10 +101,13 @@ def collate(experiences: Sequence[Experience], pad_token_id: int = 0) -> StepBat
     response_mask = action_mask (all ones when absent); token_level_scores = the experience's
     token_level_rewards when given, else its scalar reward at the last masked response token;
     uid = the GRPO group id; advantages/returns are carried over when the explorer set them, and the
-    rollout's log-probs (as rollout_log_probs) when every experience has them.
+    rollout's log-probs (as rollout_log_probs) and ReMax's greedy rewards (as reward_baselines, ``(bs,)``)
+    when every experience has them. A DPO pair experience
+    (with `rejected_tokens`) becomes two adjacent rows, chosen then rejected, sharing its group id.
     """
     if not experiences:
         raise ValueError("cannot collate an empty batch")
+    experiences = expand_pairs(experiences)
     bs = len(experiences)
     resp_lens = [e.response_length for e in experiences]
     prompt_lens = [e.prompt_length for e in experiences]
@@ -143,10 +148,43 @@ def collate(experiences: Sequence[Experience], pad_token_id: int = 0) -> StepBat
         returns=carried["returns"] if has["returns"] else None,
         rollout_log_probs=carried["logprobs"] if has["logprobs"] else None,
         uid=[e.eid.group_id or e.eid.uid for e in experiences],
+        reward_baselines=torch.tensor([float(e.reward_baseline or 0.0) for e in experiences])
+        if all(e.reward_baseline is not None for e in experiences)
+        else None,
     )
     return StepBatch(
         tokens=tuple(e.tokens for e in experiences), prompt_lengths=tuple(prompt_lens), batch=batch
     )
+
+
+def expand_pairs(experiences: Sequence[Experience]) -> list[Experience]:
+    """Each pair experience as two rows (chosen: its `tokens`; rejected: `rejected_tokens`), others
+    as they are. The rows carry no rollout log-probs: offline pairs were never sampled."""
+    if all(e.rejected_tokens is None for e in experiences):
+        return list(experiences)
+    out: list[Experience] = []
+    for exp in experiences:
+        if exp.rejected_tokens is None:
+            out.append(exp)
+            continue
+        for tokens, prompt_length in (
+            (exp.tokens, exp.prompt_length),
+            (exp.rejected_tokens, exp.rejected_prompt_length),
+        ):
+            out.append(Experience(tokens=tokens, prompt_length=prompt_length, eid=exp.eid,
+                                  reward=exp.reward, model_version=exp.model_version))  # fmt: skip
+    return out
+
+
+def check_pairs(step: StepBatch) -> None:
+    """Raise unless the rows are (chosen, rejected) pairs: an even count, each pair one group."""
+    uid = step.batch.uid or ()
+    if step.size % 2 or list(uid[0::2]) != list(uid[1::2]):
+        raise ValueError(
+            "a pairwise loss (dpo) needs (chosen, rejected) pair experiences; this batch has single "
+            "rows. Put pairs in with `mode: train` and buffer.trainer_input.experience_buffer.path rows "
+            "holding the format's chosen_key and rejected_key"
+        )
 
 
 @dataclasses.dataclass(frozen=True)

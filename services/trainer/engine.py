@@ -61,7 +61,7 @@ class FSDPEngine:
     def __init__(self, settings: TrainerSettings, info: DistInfo, fsdp: bool | None = None):
         for name, size in (
             ("train batch", settings.train_batch_size),
-            ("mini-batch", settings.mini_batch_size),
+            ("mini-batch", settings.mini_batch_size // settings.rows_per_experience),  # pairs stay whole
         ):
             if size % info.world_size:
                 raise ValueError(f"{name} size {size} is not a multiple of the world size {info.world_size}")

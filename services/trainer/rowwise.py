@@ -23,18 +23,27 @@ __all__ = ["MicroBatching", "local_micro_batches", "map_rows"]
 
 @dataclasses.dataclass(frozen=True)
 class MicroBatching:
-    """Fixed (`micro_batch_size` rows) or dynamic (`token_budget` tokens) micro-batches."""
+    """Fixed (`micro_batch_size` units) or dynamic (`token_budget` tokens) micro-batches.
+
+    A unit is `unit_rows` consecutive rows that are never split (2 for DPO's (chosen, rejected)
+    pairs): ranks, micro-batches and their balancing see units, weighted by their summed length.
+    """
 
     micro_batch_size: int = 8
     token_budget: int | None = None
+    unit_rows: int = 1
 
 
 def local_micro_batches(step: StepBatch, info: DistInfo, how: MicroBatching) -> list[list[int]]:
     """This rank's micro-batches (row indices into `step`); the count is equal on every rank."""
-    lengths = step.seq_lengths
-    shards = shard_rows(range(step.size), lengths, info.world_size)
+    k = how.unit_rows
+    if step.size % k:
+        raise ValueError(f"{step.size} rows cannot be split into units of {k} rows (pairs must stay whole)")
+    rows = step.seq_lengths
+    lengths = [sum(rows[u * k : (u + 1) * k]) for u in range(step.size // k)]
+    shards = shard_rows(range(len(lengths)), lengths, info.world_size)
     plan = micro_batch_plan(shards, lengths, how.micro_batch_size, how.token_budget)
-    return plan[info.rank]
+    return [[u * k + j for u in units for j in range(k)] for units in plan[info.rank]]
 
 
 def map_rows(

@@ -9,11 +9,15 @@ are understood (a mini-batch is counted in prompts there, so it is multiplied by
     actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu  rows per micro-batch (fixed batching)
     actor_rollout_ref.actor.ppo_max_token_len_per_gpu    token budget of a dynamic micro-batch
     actor_rollout_ref.actor.use_dynamic_bsz              overrides trainer.use_dynamic_bsz
+    actor_rollout_ref.model.enable_gradient_checkpointing recompute activations in the backward pass
     critic.optim.{lr,lr_warmup_steps,lr_warmup_steps_ratio,min_lr_ratio,lr_scheduler_type,weight_decay}
     critic.cliprange_value, critic.grad_clip
+    algorithm.kl_ctrl.{type,kl_coef,target_kl,horizon}   the reward-KL controller (merged into
+                                                          algorithm.kl_penalty_fn_args, which wins)
     seed                                                  RNG seed of the trainer (42)
 
-Other keys are kept for reference and ignored (listed by `unused_trainer_config_keys`).
+veRL keys with a first-class key here are refused at load, other keys load with a warning
+(services/common/config/compat.py; listed by `unused_trainer_config_keys`).
 """
 
 from __future__ import annotations
@@ -24,26 +28,20 @@ from pathlib import Path
 from typing import Any
 
 from services.common.config import OptimizerConfig, RFTConfig, resolve
-from services.trainer.algorithms import AlgorithmPreset, resolve_preset
+from services.common.config.compat import TRAINER_CONFIG_KEYS
+from services.trainer.algorithms import AlgorithmPreset, RolloutISConfig, resolve_preset
 
 __all__ = ["OptimSettings", "TrainerSettings", "unused_trainer_config_keys"]
 
 DEFAULT_TOKEN_BUDGET = 16384
-_KNOWN_KEYS = {
-    "actor_rollout_ref.actor.ppo_mini_batch_size",
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
-    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
-    "actor_rollout_ref.actor.use_dynamic_bsz",
-    "critic.optim.lr",
-    "critic.optim.lr_warmup_steps",
-    "critic.optim.lr_warmup_steps_ratio",
-    "critic.optim.min_lr_ratio",
-    "critic.optim.lr_scheduler_type",
-    "critic.optim.weight_decay",
-    "critic.cliprange_value",
-    "critic.grad_clip",
-    "seed",
+# veRL key in trainer_config -> kl_penalty_fn_args key
+_VERL_KL_CTRL = {
+    "algorithm.kl_ctrl.type": "kl_ctrl",
+    "algorithm.kl_ctrl.kl_coef": "kl_coef",
+    "algorithm.kl_ctrl.target_kl": "target_kl",
+    "algorithm.kl_ctrl.horizon": "horizon",
 }
+_KNOWN_KEYS = TRAINER_CONFIG_KEYS  # the list lives beside the config tree (compat.py)
 
 
 def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -120,14 +118,26 @@ class TrainerSettings:
     resume: bool
     seed: int = 42
     dtype: str = "auto"
+    # recompute the policy's activations in the backward pass (less memory, same gradients)
+    gradient_checkpointing: bool = False
     # the buffer's capacity (experiences): batches held unacked until a durable step count against it
     buffer_capacity: int = 10_000
+    # the rollout's response length cap (the DAPO reward manager's default max_resp_len)
+    max_response_tokens: int | None = None
+    rollout_correction: RolloutISConfig = RolloutISConfig()
 
     @property
     def use_reference(self) -> bool:
-        """A frozen reference model exists only when some KL term reads it."""
+        """A frozen reference model exists only when some KL term or the policy loss (DPO) reads it."""
         p = self.preset
-        return p.use_reference and (p.use_kl_loss or p.use_kl_in_reward)
+        return p.reads_reference or (p.use_reference and (p.use_kl_loss or p.use_kl_in_reward))
+
+    @property
+    def rows_per_experience(self) -> int:
+        """Rows one leased experience becomes: 2 for a pairwise loss (DPO: chosen, rejected), else 1.
+        `train_batch_size` counts experiences (pairs); mini- and micro-batch sizes count rows and are
+        doubled for pairs, as Trinity-RFT doubles DPO's micro-batch size."""
+        return 2 if self.preset.pairwise else 1
 
     @property
     def use_critic(self) -> bool:
@@ -142,8 +152,11 @@ class TrainerSettings:
         own forward pass gives them (detached), as TRL does with `num_iterations=1`; the ratio is 1
         and the gradient is the same.  This saves one forward pass over the batch per step.
         """
-        one_update = self.ppo_epochs == 1 and self.mini_batch_size >= self.train_batch_size
-        return not one_update or self.preset.use_kl_in_reward
+        rows = self.train_batch_size * self.rows_per_experience
+        one_update = self.ppo_epochs == 1 and self.mini_batch_size >= rows
+        if self.preset.reads_reference and not self.preset.use_kl_in_reward:
+            return False  # DPO's loss reads the reference, never the old policy
+        return not one_update or self.preset.use_kl_in_reward or self.rollout_correction.enabled
 
     @classmethod
     def from_config(cls, config: RFTConfig) -> TrainerSettings:
@@ -164,9 +177,14 @@ class TrainerSettings:
                 "entropy_loss_fn",
                 "entropy_loss_fn_args",
                 "loss_agg_mode",
+                "reward_manager",
+                "reward_manager_args",
             )
         }
         overrides["repeat_times"] = alg.repeat_times
+        verl_kl = {arg: extra[key] for key, arg in _VERL_KL_CTRL.items() if key in extra}
+        if verl_kl:
+            overrides["kl_penalty_fn_args"] = verl_kl | dict(alg.kl_penalty_fn_args or {})
         preset = resolve_preset(alg.algorithm_type, overrides)
         train_bs = res.train_batch_size
         mini = extra.get("actor_rollout_ref.actor.ppo_mini_batch_size")
@@ -176,6 +194,7 @@ class TrainerSettings:
                 f"train batch size {train_bs} is not a multiple of the mini-batch size {mini_bs} "
                 "(trainer_config actor_rollout_ref.actor.ppo_mini_batch_size x repeat_times)"
             )
+        mini_bs *= 2 if preset.pairwise else 1  # rows: a pair experience is two rows
         tasksets = res.tasksets
         temperature = (
             res.rollout_args(tasksets[0])["temperature"] if tasksets else config.model.temperature
@@ -218,5 +237,19 @@ class TrainerSettings:
             max_checkpoints_to_keep=tr.max_checkpoints_to_keep,
             resume=config.continue_from_checkpoint,
             seed=int(extra.get("seed", 42)),
+            gradient_checkpointing=bool(
+                extra.get("actor_rollout_ref.model.enable_gradient_checkpointing", False)
+            ),
             buffer_capacity=config.buffer.trainer_input.experience_buffer.capacity,
+            max_response_tokens=(
+                res.rollout_args(tasksets[0])["max_tokens"] if tasksets else res.max_response_tokens
+            ),
+            rollout_correction=RolloutISConfig(
+                rollout_is=alg.rollout_is,
+                rollout_is_threshold=alg.rollout_is_threshold,
+                rollout_is_threshold_lower=alg.rollout_is_threshold_lower,
+                rollout_is_level=alg.rollout_is_level,
+                rollout_is_mode=alg.rollout_is_mode,
+                rollout_is_veto_threshold=alg.rollout_is_veto_threshold,
+            ),
         )

@@ -3,9 +3,10 @@
 Each public method is one collective unit of work: rank 0 calls it directly, the other ranks run
 the same method when rank 0's `CommandChannel` broadcasts it.  One train step is
 
-    old log-probs (only when a batch gets several updates or a reward KL; see
+    old log-probs (only when a batch gets several updates, a reward KL or rollout IS; see
     `TrainerSettings.recompute_old_log_probs`) -> reference log-probs (only with a KL term) -> critic values (PPO)
-    -> reward shaping + advantages (by name) -> critic update -> actor update -> LR schedulers
+    -> reward shaping + advantages (by name) -> rollout IS correction -> critic update -> actor update
+    -> LR schedulers
 
 followed by `compute_data_metrics` and timing / throughput metrics.
 
@@ -27,14 +28,15 @@ from safetensors.torch import save_file
 
 from services.common.modeling import load_tokenizer
 from services.trainer.actor import Actor
-from services.trainer.advantage_stage import make_kl_controller, shape_rewards_and_advantages
-from services.trainer.algorithms import compute_data_metrics
+from services.trainer.advantage_stage import shape_rewards_and_advantages
+from services.trainer.algorithms import apply_rollout_correction, compute_data_metrics, make_kl_controller
 from services.trainer.checkpoint import CheckpointManager, Role
-from services.trainer.collate import StepBatch
+from services.trainer.collate import StepBatch, check_pairs
 from services.trainer.critic import Critic, load_value_model
 from services.trainer.distributed import DistInfo
 from services.trainer.fsdp import full_state_dict, shard_model, uses_fsdp
 from services.trainer.optim import build_optimizer, build_scheduler
+from services.trainer.reward_stage import apply_reward_manager, make_reward_manager
 from services.trainer.settings import TrainerSettings
 from services.trainer.varlen_attention import load_packed_model
 
@@ -58,6 +60,8 @@ class FSDPWorker:
         torch.manual_seed(settings.seed)
         dtype = "float32"  # master weights; bf16 compute on CUDA comes from the FSDP2 policy
         policy = load_packed_model(settings.model_path, dtype=dtype)
+        if settings.gradient_checkpointing:  # veRL actor_rollout_ref.model.enable_gradient_checkpointing
+            policy.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
         self.hf_config = policy.config
         self.generation_config = getattr(policy, "generation_config", None)
         self.tokenizer = load_tokenizer(settings.model_path)
@@ -82,7 +86,10 @@ class FSDPWorker:
             critic_optim = build_optimizer(value_model, settings.critic_optim)
             self.critic = Critic(value_model, critic_optim, settings, info)
             self.critic_scheduler = build_scheduler(critic_optim, settings.critic_optim, settings.total_steps)
-        self.kl_ctrl = make_kl_controller(settings.preset)
+        self.kl_ctrl = make_kl_controller(settings.preset.kl_penalty_fn_args)
+        self.reward_manager = make_reward_manager(
+            settings.preset, self.tokenizer, settings.max_response_tokens
+        )
         self.checkpoints = CheckpointManager(settings.job_dir, info, settings.max_checkpoints_to_keep)
 
     # ---- one step ---------------------------------------------------------------------------------
@@ -92,6 +99,8 @@ class FSDPWorker:
         timings: dict[str, float] = {}
         start = time.perf_counter()
         batch = step.batch
+        if s.preset.pairwise:
+            check_pairs(step)
         if s.recompute_old_log_probs:
             with _timer(timings, "old_log_prob"):
                 batch = batch.replace(old_log_probs=self.actor.compute_log_prob(step))
@@ -101,9 +110,15 @@ class FSDPWorker:
         if self.critic is not None:
             with _timer(timings, "values"):
                 batch = batch.replace(values=self.critic.compute_values(step))
+        with _timer(timings, "reward"):
+            batch, reward_metrics = apply_reward_manager(batch, self.reward_manager)
         with _timer(timings, "adv"):
             batch, metrics = shape_rewards_and_advantages(batch, s.preset, self.kl_ctrl)
-        step = step.with_batch(batch)
+        # rollout IS weights and rejection for the updates only (`mismatch/*`; advantages and data
+        # metrics keep the full mask); a no-op unless algorithm.rollout_is_threshold is set
+        update_batch, is_metrics = apply_rollout_correction(batch, s.rollout_correction)
+        metrics |= is_metrics | reward_metrics
+        step = step.with_batch(update_batch)
         if self.critic is not None:
             with _timer(timings, "update_critic"):
                 metrics |= self.critic.update_critic(step)

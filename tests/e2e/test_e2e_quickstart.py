@@ -1,6 +1,7 @@
 """`rft run` on a shortened quickstart (SFT warm-up stage, then GRPO with all four services as
 processes): the reward rises, checkpoints and the HF export exist and load, summary.json is complete,
-every metric/log file is where the README says, and no process is left behind."""
+the final lines name the checkpoint, summary.json and curves.png, every metric/log file is where the
+README says, and no process is left behind."""
 
 from __future__ import annotations
 
@@ -44,6 +45,12 @@ def test_quickstart_learns_and_leaves_a_loadable_checkpoint(tmp_path):
     assert summary["status"] == "finished"
     assert summary["steps"] == SFT_STEPS + RL_STEPS
     assert [s["stage_name"] for s in summary["stages"]] == ["sft", "grpo"]
+    # the final lines name the checkpoint, the summary and the curves (both stages on one step axis)
+    final = proc.stdout.strip().splitlines()[-4:]
+    assert final[0].startswith(f"rft run: finished: {SFT_STEPS + RL_STEPS} steps, reward "), final
+    assert final[1:] == [f"checkpoint: {summary['checkpoint']}", f"summary: {run_dir / 'summary.json'}",
+                         f"plot: {run_dir / 'curves.png'}"]  # fmt: skip
+    assert (run_dir / "curves.png").read_bytes()[:4] == b"\x89PNG"
 
     rl = run_dir / "grpo"
     explore = [r for r in jsonl(rl / "metrics" / "explorer.jsonl") if "rollout/reward/mean" in r]

@@ -67,6 +67,20 @@ def make_experiences(
     return out
 
 
+def make_pairs(n: int, seed: int = 0, vocab: int = 500) -> list[Experience]:
+    """`n` DPO pair experiences: a prompt, chosen and rejected responses of different lengths."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        prompt = torch.randint(3, vocab, (4,), generator=g)
+        chosen = torch.randint(3, vocab, (int(torch.randint(2, 9, (1,), generator=g)),), generator=g)
+        rejected = torch.randint(3, vocab, (int(torch.randint(2, 9, (1,), generator=g)),), generator=g)
+        out.append(Experience(tokens=torch.cat([prompt, chosen]), prompt_length=4, reward=0.0,
+                              rejected_tokens=torch.cat([prompt, rejected]), rejected_prompt_length=4,
+                              eid=ExperienceId(group_id=f"pair{i}", task_id=str(i))))  # fmt: skip
+    return out
+
+
 @dataclasses.dataclass
 class Lease:
     lease_id: str

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from services.common.config.base import Section
 
@@ -41,6 +41,16 @@ class OptimizerConfig(Section):
     eps: float = Field(1e-8, gt=0)
 
 
+class FilterGroupsConfig(Section):
+    """DAPO dynamic sampling (veRL `algorithm.filter_groups`): the explorer drops groups whose
+    `metric` is equal for every sample and samples more tasks until the step's batch is full, at
+    most `max_num_gen_batches` generation rounds per step (0 = no bound)."""
+
+    enable: bool = False
+    metric: Literal["acc", "score", "seq_reward", "seq_final_reward"] = "acc"
+    max_num_gen_batches: int = Field(0, ge=0)
+
+
 class AlgorithmConfig(Section):
     """Which RL algorithm runs. A `*_fn` left unset is filled by the `algorithm_type` preset."""
 
@@ -62,6 +72,40 @@ class AlgorithmConfig(Section):
     loss_agg_mode: Literal[LOSS_AGG_MODES] | None = None  # type: ignore[valid-type]
     # PPO epochs over each train batch (veRL actor.ppo_epochs).
     ppo_epochs: int = Field(1, ge=1)
+    # Reward shaping before advantages (veRL reward_model.reward_manager): naive | dapo (overlong
+    # penalty: args {overlong_buffer: {enable, len, penalty_factor, log}, max_resp_len}); None = preset.
+    reward_manager: str | None = None
+    reward_manager_args: dict[str, Any] | None = None
+    filter_groups: FilterGroupsConfig = FilterGroupsConfig()
+    # Rollout importance-sampling correction (veRL algorithm.rollout_is*): a threshold turns on
+    # the `mismatch/*` metrics; `rollout_is: true` also applies the weights to the policy loss.
+    rollout_is: bool = False
+    rollout_is_threshold: float | None = Field(None, gt=0)
+    rollout_is_threshold_lower: float | None = Field(None, gt=0)
+    rollout_is_level: Literal["token", "sequence", "geometric"] = "token"
+    rollout_is_mode: Literal["truncate", "mask"] = "truncate"
+    rollout_is_veto_threshold: float | None = Field(None, gt=0)
+
+    @property
+    def pairwise(self) -> bool:
+        """Whether training reads (chosen, rejected) pairs (DPO): offline rows become pair experiences."""
+        return (self.policy_loss_fn or self.algorithm_type) == "dpo"
+
+    @model_validator(mode="after")
+    def _rollout_is_thresholds(self) -> AlgorithmConfig:
+        if self.rollout_is and self.rollout_is_threshold is None:
+            raise ValueError("rollout_is: true needs rollout_is_threshold (e.g. 2.0); without it IS is off")
+        lower, upper = self.rollout_is_threshold_lower, self.rollout_is_threshold
+        if lower is not None and upper is not None and lower > upper:
+            raise ValueError(
+                f"rollout_is_threshold_lower ({lower}) must be <= rollout_is_threshold ({upper})"
+            )
+        return self
+
+    @property
+    def greedy_baseline(self) -> bool:
+        """Whether each training task also needs a greedy rollout's reward (ReMax's baseline)."""
+        return (self.advantage_fn or self.algorithm_type) == "remax"
 
     @field_validator("sample_strategy")
     @classmethod

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from services.common.config.buffer import TasksetConfig
+from services.common.config.errors import Problem
+from services.common.config.explorer import InferenceModelConfig
 from services.common.config.gpus import GpuPlacement, gpu_demand, place_gpus
 from services.common.config.root import RFTConfig
 
@@ -35,14 +37,61 @@ class Resolved:
         ei = self.config.buffer.explorer_input
         return [ei.taskset] if ei.taskset is not None else list(ei.tasksets)
 
+    def _twin(self, name: str, model_name: str | None = None) -> Any:
+        """`model.<name>`, else its twin `explorer.rollout_model.<name>` (`twin_problems` refuses two
+        different values at load)."""
+        own = getattr(self.config.model, model_name or name)
+        return own if own is not None else getattr(self.config.explorer.rollout_model, name)
+
+    @property
+    def max_prompt_tokens(self) -> int | None:
+        return self._twin("max_prompt_tokens")
+
     @property
     def max_model_len(self) -> int | None:
+        """Prompt + response tokens: set, else max_prompt_tokens + max_response_tokens when both are set."""
+        mml = self._twin("max_model_len")
+        if mml:
+            return mml
+        p, r = self.max_prompt_tokens, self._twin("max_response_tokens")
+        return p + r if p and r else None
+
+    @property
+    def max_response_tokens(self) -> int | None:
+        """Tokens a rollout may generate: set, else max_model_len - max_prompt_tokens; None when
+        neither gives a number (`token_limit_problems` then refuses a run that samples)."""
+        r = self._twin("max_response_tokens")
+        if r:
+            return r
+        mml, p = self._twin("max_model_len"), self.max_prompt_tokens
+        return mml - p if mml and p and mml > p else None
+
+    @property
+    def enable_thinking(self) -> bool | None:
+        return self._twin("enable_thinking")
+
+    @property
+    def chat_template(self) -> str | None:
+        """Jinja text: model.custom_chat_template, the file model.chat_template_path, or
+        explorer.rollout_model.chat_template; None = the tokenizer's own."""
         m = self.config.model
-        if m.max_model_len:
-            return m.max_model_len
-        if m.max_prompt_tokens and m.max_response_tokens:
-            return m.max_prompt_tokens + m.max_response_tokens
-        return None
+        if m.custom_chat_template:
+            return m.custom_chat_template
+        if m.chat_template_path:
+            return Path(m.chat_template_path).read_text()
+        return self.config.explorer.rollout_model.chat_template
+
+    @property
+    def rollout_model(self) -> InferenceModelConfig:
+        """`explorer.rollout_model` with its twins of `model.*` filled with the resolved values."""
+        return self.config.explorer.rollout_model.model_copy(
+            update={
+                "max_model_len": self.max_model_len,
+                "max_prompt_tokens": self.max_prompt_tokens,
+                "max_response_tokens": self.max_response_tokens,
+                "enable_thinking": self.enable_thinking,
+            }
+        )
 
     @property
     def max_token_len_per_gpu(self) -> int | None:
@@ -107,7 +156,10 @@ class Resolved:
             "top_p": pick(r.top_p, m.top_p),
             "top_k": pick(r.top_k, m.top_k),
             "logprobs": pick(r.logprobs, m.logprobs),
-            "max_tokens": pick(r.max_tokens, m.max_response_tokens),
+            "max_tokens": pick(r.max_tokens, self.max_response_tokens),
+            "min_tokens": m.min_response_tokens,
+            "repetition_penalty": m.repetition_penalty,
+            "ignore_eos": self.config.explorer.rollout_model.ignore_eos,
             "stop": r.stop,
         }
 
@@ -115,6 +167,54 @@ class Resolved:
         if eval and taskset.repeat_times is not None:
             return taskset.repeat_times
         return self.config.algorithm.repeat_times if not eval else (taskset.repeat_times or 1)
+
+
+# `explorer.rollout_model.<key>` twins of `model.<key>` (Trinity-RFT has both); one value is used.
+TWINS = {
+    "max_model_len": "max_model_len",
+    "max_prompt_tokens": "max_prompt_tokens",
+    "max_response_tokens": "max_response_tokens",
+    "enable_thinking": "enable_thinking",
+    "chat_template": "custom_chat_template",
+}
+
+
+def twin_problems(config: RFTConfig) -> list[Problem]:
+    """`explorer.rollout_model.X` and `model.X` both set to different values."""
+    problems = []
+    for rollout_key, model_key in TWINS.items():
+        a, b = getattr(config.model, model_key), getattr(config.explorer.rollout_model, rollout_key)
+        if a is not None and b is not None and a != b:
+            problems.append(
+                Problem(
+                    f"explorer.rollout_model.{rollout_key}",
+                    f"{b!r} differs from model.{model_key} ({a!r}); set one of the two (model.{model_key})",
+                )
+            )
+    return problems
+
+
+def token_limit_problems(config: RFTConfig) -> list[Problem]:
+    """A run that samples needs a response-token limit for every taskset: its rollout_args.max_tokens,
+    model.max_response_tokens, or max_model_len - max_prompt_tokens. There is no hidden default."""
+    if config.mode == "train":
+        return []
+    res = resolve(config)
+    if res.max_response_tokens is not None:
+        return []
+    ei = config.buffer.explorer_input
+    named = [("buffer.explorer_input.taskset", ei.taskset)] if ei.taskset is not None else []
+    named += [(f"buffer.explorer_input.tasksets[{i}]", t) for i, t in enumerate(ei.tasksets)]
+    named += [(f"buffer.explorer_input.eval_tasksets[{i}]", t) for i, t in enumerate(ei.eval_tasksets)]
+    return [
+        Problem(
+            "model.max_response_tokens",
+            f"not set and no limit can be derived, but {path} samples with no rollout_args.max_tokens; "
+            "set model.max_response_tokens (e.g. 512), or model.max_model_len and model.max_prompt_tokens",
+        )
+        for path, t in named
+        if t.rollout_args.max_tokens is None
+    ][:1]
 
 
 def resolve(config: RFTConfig) -> Resolved:

@@ -53,6 +53,9 @@ class RFTConfig(Section):
     log: LogConfig = LogConfig()
     services: ServicesConfig = ServicesConfig()
     stages: list[StageConfig] = []
+    # Folders of user plug-in modules, imported by every service at start (services/common/plugins.py);
+    # relative ones resolve against this file's folder.
+    plugin_dirs: list[str] = []
 
     @model_validator(mode="after")
     def _batch_sizes_hold_whole_groups(self) -> RFTConfig:

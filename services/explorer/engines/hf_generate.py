@@ -20,7 +20,7 @@ from transformers import DynamicCache
 
 from services.explorer.engines.base import GenerationOutput, SamplingParams
 from services.explorer.engines.lean_decoder import LeanDecoder, unsupported
-from services.explorer.engines.sampling import RowParams, sample
+from services.explorer.engines.sampling import RowParams, apply_repetition_penalty, sample
 
 
 @dataclass
@@ -92,6 +92,7 @@ class HFGenerator:
         max_min_len = max(p.min_tokens for p in params)
         stop_ids = self._stop_id_table(params, device)
         stop_strings = {i: p.stop for i, p in enumerate(params) if p.stop}
+        penalty, seen = self._repetition_state(rows, params, device)
 
         tokens = torch.full((batch, max_new), self.pad_token_id, dtype=torch.long, device=device)
         logprobs = torch.zeros((batch, max_new), dtype=torch.float32, device=device)
@@ -123,7 +124,11 @@ class HFGenerator:
                 blocked = torch.zeros((logits.shape[0], vocab + 1), dtype=torch.bool, device=device)
                 blocked.scatter_(-1, torch.where(ids_now >= 0, ids_now, vocab), short)  # -1 -> spare column
                 logits = logits.masked_fill(blocked[:, :vocab], float("-inf"))
+            if penalty is not None:
+                logits = apply_repetition_penalty(logits, seen[active], penalty[active])
             tok, lp = sample(logits, row_params, self.generator)
+            if seen is not None:
+                seen[active, tok] = True
             tokens[active, t] = tok
             logprobs[active, t] = lp
             lengths[active] = t + 1
@@ -148,6 +153,21 @@ class HFGenerator:
             mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)
             step_ids = tok.unsqueeze(-1)
         return self._outputs(rows, tokens, logprobs, lengths, reason_stop, stop_cut)
+
+    def _repetition_state(
+        self, rows: Sequence[Row], params: Sequence[SamplingParams], device: torch.device
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(penalty (B,), seen (B, V) bool: the prompt's tokens) when some row has a repetition penalty."""
+        if all(p.repetition_penalty == 1.0 for p in params):
+            return None, None
+        head = self.model.get_output_embeddings()
+        vocab = int(head.weight.shape[0]) if head is not None else int(self.model.config.vocab_size)
+        seen = torch.zeros((len(rows), vocab), dtype=torch.bool, device=device)
+        for i, r in enumerate(rows):
+            if r.prompt:
+                seen[i, torch.tensor(r.prompt, dtype=torch.long, device=device)] = True
+        penalty = torch.tensor([p.repetition_penalty for p in params], dtype=torch.float32, device=device)
+        return penalty, seen
 
     def _stop_id_table(self, params: Sequence[SamplingParams], device: torch.device) -> torch.Tensor | None:
         """(B, S) ids that end each row (EOS unless ignore_eos, plus stop_token_ids), -1 padded."""

@@ -3,7 +3,8 @@
 Every row of a batch may have its own arguments; they travel as tensors so a step costs a few tensor
 ops whatever the batch holds. The returned log-probs are those of the distribution actually sampled
 from (vLLM `processed_logprobs`): log_softmax(filter(logits / T)). Greedy rows (T = 0) take the argmax
-and report its log-prob under log_softmax(filter(logits)).
+and report its log-prob under log_softmax(filter(logits)). A repetition penalty, when a row has one,
+is applied to the logits before all of that (`apply_repetition_penalty`, vLLM's order).
 """
 
 from __future__ import annotations
@@ -56,6 +57,15 @@ class RowParams:
             any_top_k=self.any_top_k,
             any_top_p=self.any_top_p,
         )
+
+
+def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
+    """CTRL's repetition penalty (Keskar et al. 2019, arXiv:1909.05858) as HF and vLLM apply it: the
+    logit l of a token already in the row's prompt or sample becomes l / p when l > 0 and l x p
+    otherwise. Shapes: logits (B, V), seen (B, V) bool, penalty (B,) float32 (1 = off)."""
+    p = penalty.unsqueeze(-1).to(logits.dtype)
+    penalised = torch.where(logits > 0, logits / p, logits * p)
+    return torch.where(seen, penalised, logits)
 
 
 def filtered_logprobs(logits: torch.Tensor, rows: RowParams) -> torch.Tensor:

@@ -178,6 +178,7 @@ class VLLMEngine:
             top_k=p.top_k if p.top_k > 0 else -1,
             max_tokens=p.max_tokens,
             min_tokens=p.min_tokens,
+            repetition_penalty=p.repetition_penalty,
             stop=list(p.stop) or None,
             stop_token_ids=list(p.stop_token_ids) or None,
             ignore_eos=p.ignore_eos,

@@ -78,7 +78,12 @@ class MultiTurnWorkflow(WorkflowBase):
         env = self._env()
         max_turns = int(self.args.get("max_turns", 4))
         sampling = {k: v for k, v in self.task.rollout_args.items() if k != "n"}
-        per_turn = int(sampling.get("max_tokens") or 16)
+        if not sampling.get("max_tokens"):
+            raise ValueError(
+                "multi_turn needs a per-turn token limit: set model.max_response_tokens or the taskset's "
+                "rollout_args.max_tokens"
+            )
+        per_turn = int(sampling["max_tokens"])
         budget = int(self.args.get("max_response_tokens", per_turn * max_turns))
 
         first = str(await _maybe_await(env.reset(self.task)))

@@ -19,6 +19,7 @@ from services.common.rewards import (
 
 from .advantages_dispatch import compute_advantage
 from .advantages_group import (
+    compute_gpg_outcome_advantage,
     compute_grpo_outcome_advantage,
     compute_opo_outcome_advantage,
     compute_rloo_outcome_advantage,
@@ -37,12 +38,15 @@ from .entropy import (
     logprobs_from_logits,
 )
 from .kl import (
+    KL_CONTROLLERS,
     AdaptiveKLController,
     FixedKLController,
+    KLController,
     apply_kl_penalty,
     compute_kl_loss,
     kl_penalty,
     kl_penalty_forward,
+    make_kl_controller,
 )
 from .masked import masked_mean, masked_sum, masked_var, masked_whiten
 from .metrics import compute_data_metrics, rollout_probs_diff
@@ -79,16 +83,26 @@ from .reward_managers import (
     RewardResult,
     make_compute_score,
 )
+from .rollout_correction import (
+    ROLLOUT_IS_LEVELS,
+    ROLLOUT_IS_MODES,
+    RolloutISConfig,
+    apply_rollout_correction,
+    compute_rollout_importance_weights,
+)
 from .value_loss import compute_value_loss
 
 __all__ = [
     "ADVANTAGE_FNS",
+    "KL_CONTROLLERS",
     "KL_FNS",
     "LOSS_AGG_MODES",
     "POLICY_LOSS_FNS",
     "PRESETS",
     "REWARD_MANAGERS",
     "REWARD_SCORERS",
+    "ROLLOUT_IS_LEVELS",
+    "ROLLOUT_IS_MODES",
     "AdaptiveKLController",
     "AlgorithmPreset",
     "CISPOConfig",
@@ -98,17 +112,20 @@ __all__ = [
     "FrozenParams",
     "GPGConfig",
     "GSPOConfig",
+    "KLController",
     "NaiveRewardManager",
     "OverlongBufferConfig",
     "PPOClipConfig",
     "Registry",
     "RewardResult",
+    "RolloutISConfig",
     "SAPOConfig",
     "SFTConfig",
     "TrainBatch",
     "UnknownNameError",
     "agg_loss",
     "apply_kl_penalty",
+    "apply_rollout_correction",
     "compute_advantage",
     "compute_data_metrics",
     "rollout_probs_diff",
@@ -117,6 +134,7 @@ __all__ = [
     "compute_gae_advantage_return",
     "compute_grpo_outcome_advantage",
     "compute_kl_loss",
+    "compute_gpg_outcome_advantage",
     "compute_opo_outcome_advantage",
     "compute_policy_loss",
     "compute_policy_loss_cispo",
@@ -125,6 +143,7 @@ __all__ = [
     "compute_policy_loss_sapo",
     "compute_policy_loss_vanilla",
     "compute_reinforce_plus_plus_outcome_advantage",
+    "compute_rollout_importance_weights",
     "compute_remax_outcome_advantage",
     "compute_rloo_outcome_advantage",
     "compute_sft_loss",
@@ -144,6 +163,7 @@ __all__ = [
     "logprobs_and_entropy",
     "logprobs_from_logits",
     "make_compute_score",
+    "make_kl_controller",
     "masked_mean",
     "masked_sum",
     "masked_var",

@@ -26,6 +26,13 @@ BATCH_INPUTS: Mapping[str, str] = {
     "reward_baselines": "reward_baselines",
     "index": "uid",
 }
+# why a batch input may be missing, for the error message
+_MISSING_HINTS: Mapping[str, str] = {
+    "reward_baselines": (
+        "; the explorer sets Experience.reward_baseline (a greedy rollout's reward) only when "
+        "algorithm.advantage_fn (or algorithm_type) is 'remax' in its config"
+    ),
+}
 
 
 def check_advantage_args(adv_estimator: str, args: Mapping[str, Any]) -> None:
@@ -52,6 +59,7 @@ def compute_advantage(batch: TrainBatch, adv_estimator: str, **args: Any) -> Tra
             if value is None:
                 raise ValueError(
                     f"advantage estimator {adv_estimator!r} needs TrainBatch.{field}, which is None"
+                    + _MISSING_HINTS.get(field, "")
                 )
             kwargs[name] = value
     advantages, returns = fn(**kwargs, **args)

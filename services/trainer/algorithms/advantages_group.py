@@ -16,6 +16,7 @@ import torch
 from .registries import ADVANTAGE_FNS
 
 __all__ = [
+    "compute_gpg_outcome_advantage",
     "compute_grpo_outcome_advantage",
     "compute_opo_outcome_advantage",
     "compute_rloo_outcome_advantage",
@@ -123,3 +124,29 @@ def compute_opo_outcome_advantage(
     baseline = torch.where(total_len > 0, weighted / total_len.clamp(min=1e-8), torch.zeros_like(total_len))
     baseline_i = torch.where(counts[gid] > 1, baseline[gid], torch.zeros_like(scores))
     return _broadcast(scores - baseline_i, token_level_rewards, response_mask)
+
+
+@ADVANTAGE_FNS.register("gpg")
+@torch.no_grad()
+def compute_gpg_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index: Sequence[str | int] | torch.Tensor,
+    epsilon: float = 1e-6,
+    f_norm: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPG: A_i = α·(R_i − mean_g)/f_norm with α = B / count_nonzero(R) over the whole batch.
+
+    No std normalisation; α rescales the batch by its share of nonzero scores (at least one).  A
+    group of one has mean 0 (veRL).  ``epsilon`` is accepted for veRL compatibility and unused.
+    Paper: GPG: A Simple and Strong Reinforcement Learning Baseline, https://arxiv.org/abs/2504.02546.
+    Shapes: as ``compute_grpo_outcome_advantage``.
+    """
+    del epsilon
+    if f_norm <= 0:
+        raise ValueError(f"advantage_fn_args.f_norm must be > 0, got {f_norm}")
+    scores, gid, counts = _outcome(token_level_rewards, index)
+    alpha = scores.numel() / max(int(torch.count_nonzero(scores)), 1)
+    mean = _group_sums(scores, gid) / counts
+    mean_i = torch.where(counts[gid] > 1, mean[gid], torch.zeros_like(scores))
+    return _broadcast(alpha * (scores - mean_i) / f_norm, token_level_rewards, response_mask)

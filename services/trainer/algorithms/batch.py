@@ -26,6 +26,7 @@ _PER_TOKEN = (
     "old_log_probs",
     "ref_log_probs",
     "rollout_log_probs",
+    "rollout_is_weights",
     "rm_scores",
 )
 _PER_SAMPLE = ("uid", "data_sources", "ground_truths", "extra_infos")
@@ -49,6 +50,8 @@ class TrainBatch:
       sampled them (recomputed by the trainer) and under the reference model.
     - ``rollout_log_probs``: the log-probs the rollout engine reported when it sampled (a check on
       the recomputation: ``training/rollout_probs_diff_*``).
+    - ``rollout_is_weights``: rollout importance-sampling weights that multiply the per-token
+      policy loss (``rollout_correction``; 0 at padding).
     - ``rm_scores``: precomputed reward-model scores; reward managers return them as they are.
     - ``reward_baselines``: ``(bs,)`` greedy-rollout rewards for ReMax.
     - ``uid``: ``bs`` group ids (str or int); samples of one prompt share a uid (a GRPO group).
@@ -66,6 +69,7 @@ class TrainBatch:
     old_log_probs: torch.Tensor | None = None
     ref_log_probs: torch.Tensor | None = None
     rollout_log_probs: torch.Tensor | None = None
+    rollout_is_weights: torch.Tensor | None = None
     rm_scores: torch.Tensor | None = None
     reward_baselines: torch.Tensor | None = None
     uid: Sequence[str | int] | None = None

@@ -6,26 +6,38 @@ The estimators are Schulman's k1/k2/k3 (http://joschu.net/blog/kl-approx.html). 
 variants are straight-through: the forward value of the named estimator, the gradient of k2,
 which is the unbiased gradient of KL(π‖π_ref) for samples from π (unlike veRL at b178a3c,
 where ``k3+`` raises ``NotImplementedError``).
+
+The reward penalty's coefficient β comes from a KL controller chosen by name
+(``kl_penalty_fn_args.kl_ctrl``): ``fixed`` or ``adaptive`` (Ziegler et al. 2019), updated once per
+step from the measured KL and saved in checkpoints by the trainer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 
+from services.common.registry import Registry
+
 from .aggregation import agg_loss
 from .masked import masked_mean
+from .params import unknown_key_error
 from .registries import KL_FNS, get_kl_fn
 
 __all__ = [
+    "KL_CONTROLLERS",
+    "KL_CTRL_ARGS",
     "AdaptiveKLController",
     "FixedKLController",
+    "KLController",
     "apply_kl_penalty",
     "compute_kl_loss",
     "kl_penalty",
     "kl_penalty_forward",
+    "make_kl_controller",
 ]
 
 
@@ -133,6 +145,10 @@ def apply_kl_penalty(
     return rewards, {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": float(kl_coef)}
 
 
+KL_CONTROLLERS: Registry[type] = Registry("KL controller (kl_penalty_fn_args.kl_ctrl)")
+
+
+@KL_CONTROLLERS.register("fixed")
 @dataclass
 class FixedKLController:
     """Constant KL coefficient β (veRL ``kl_ctrl.type=fixed``, kl_coef 0.001)."""
@@ -143,6 +159,7 @@ class FixedKLController:
         """No-op: the coefficient is fixed."""
 
 
+@KL_CONTROLLERS.register("adaptive")
 @dataclass
 class AdaptiveKLController:
     """Adaptive β (Ziegler et al. 2019, https://arxiv.org/abs/1909.08593).
@@ -155,7 +172,36 @@ class AdaptiveKLController:
     target_kl: float = 0.1
     horizon: int = 10000
 
+    def __post_init__(self) -> None:
+        if not self.target_kl > 0 or not self.horizon > 0:
+            raise ValueError(
+                f"adaptive KL controller: target_kl ({self.target_kl}) and horizon ({self.horizon}) must be > 0"
+            )
+
     def update(self, current_kl: float, n_steps: int) -> None:
         """Move β towards keeping the observed KL at ``target_kl``."""
         error = min(max(current_kl / self.target_kl - 1.0, -0.2), 0.2)
         self.value *= 1.0 + error * n_steps / self.horizon
+
+
+KLController = FixedKLController | AdaptiveKLController
+# kl_penalty_fn_args keys (veRL ``algorithm.kl_ctrl.{type,kl_coef,target_kl,horizon}``)
+KL_CTRL_ARGS = ("kl_coef", "kl_ctrl", "target_kl", "horizon")
+
+
+def make_kl_controller(args: Mapping[str, Any]) -> KLController:
+    """The reward-KL controller of ``kl_penalty_fn_args``: ``kl_ctrl`` (``fixed`` | ``adaptive``,
+    default fixed) starting at ``kl_coef``; ``target_kl`` and ``horizon`` for ``adaptive`` only."""
+    for key in args:
+        if key not in KL_CTRL_ARGS:
+            raise unknown_key_error("kl_penalty_fn_args", key, list(KL_CTRL_ARGS))
+    kind = str(args.get("kl_ctrl", "fixed"))
+    cls = KL_CONTROLLERS.get(kind)
+    extra = {k: args[k] for k in ("target_kl", "horizon") if k in args}
+    allowed = {f.name for f in fields(cls)}
+    for key in extra:
+        if key not in allowed:
+            raise ValueError(
+                f"kl_penalty_fn_args.{key} applies to kl_ctrl: adaptive only (kl_ctrl is {kind!r})"
+            )
+    return cls(value=float(args.get("kl_coef", 0.001)), **extra)

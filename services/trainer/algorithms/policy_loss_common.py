@@ -25,10 +25,19 @@ __all__ = ["PolicyLossFn", "register_policy_loss", "weighted"]
 PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
 
 
-def register_policy_loss(name: str, *aliases: str, config_cls: type[FrozenParams]):
+def register_policy_loss(
+    name: str,
+    *aliases: str,
+    config_cls: type[FrozenParams],
+    reads_reference: bool = False,
+    pairwise: bool = False,
+):
     """Register a policy loss under ``name``/``aliases`` with its params class ``config_cls``.
 
-    The registered function exposes ``config_cls`` so presets can validate ``policy_loss_fn_args``.
+    The registered function exposes ``config_cls`` so presets can validate ``policy_loss_fn_args``,
+    ``reads_reference`` (its first argument is the frozen reference model's log-probs instead of the
+    old policy's, so the trainer loads a reference model) and ``pairwise`` (rows come as adjacent
+    (chosen, rejected) pairs that every batch split keeps together).
     """
 
     def decorator(fn: PolicyLossFn) -> PolicyLossFn:
@@ -49,6 +58,8 @@ def register_policy_loss(name: str, *aliases: str, config_cls: type[FrozenParams
             )
 
         wrapper.config_cls = config_cls  # type: ignore[attr-defined]
+        wrapper.reads_reference = reads_reference  # type: ignore[attr-defined]
+        wrapper.pairwise = pairwise  # type: ignore[attr-defined]
         POLICY_LOSS_FNS.add(name, wrapper, *aliases)
         return wrapper
 

@@ -1,8 +1,10 @@
 """Losses for data that does not come with advantages: SFT and DPO.
 
 Both use the shared policy-loss signature so the actor needs no special case: SFT ignores
-``old_log_prob`` and ``advantages``; DPO reads the reference log-probs from ``old_log_prob`` and
-expects paired rows (chosen, rejected, chosen, rejected, …).
+``old_log_prob`` and ``advantages``.  DPO is registered with ``reads_reference`` (the actor passes
+the frozen reference model's log-probs in the first argument) and ``pairwise`` (rows arrive as
+adjacent (chosen, rejected) pairs: the trainer expands each pair experience into two rows and
+every shard, mini-batch and micro-batch split keeps a pair together).
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ class DPOConfig(FrozenParams):
             raise ValueError(f"label_smoothing must be in [0, 0.5), got {self.label_smoothing}")
 
 
-@register_policy_loss("dpo", config_cls=DPOConfig)
+@register_policy_loss("dpo", config_cls=DPOConfig, reads_reference=True, pairwise=True)
 def compute_dpo_loss(
     old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights
 ):
@@ -59,9 +61,11 @@ def compute_dpo_loss(
     Rows 0, 2, 4, … are chosen responses, rows 1, 3, 5, … the rejected ones; ``old_log_prob`` holds
     the reference log-probs.  With Δ_w = Σ_t m(log π − log π_ref) on the chosen row and Δ_l on the
     rejected one, z = β(Δ_w − Δ_l):
-    loss = mean_pairs[−(1−s)·log σ(z) − s·log σ(−z)]   (s = label_smoothing; ``loss_agg_mode`` unused).
-    Metrics: ``actor/dpo_loss``, ``actor/chosen_reward`` (β·mean Δ_w), ``actor/rejected_reward``,
-    ``actor/accuracy_mean`` (fraction with Δ_w > Δ_l).
+    loss = mean_pairs[−(1−s)·log σ(z) − s·log σ(−z)]   (s = label_smoothing; ``loss_agg_mode`` unused:
+    the loss is a mean over pairs, so the trainer weights micro-batches by sequences).
+    Metrics (Trinity-RFT's names): ``actor/dpo_loss``, ``actor/chosen_reward`` (β·mean Δ_w),
+    ``actor/rejected_reward`` (β·mean Δ_l), ``actor/accuracy_mean`` (fraction with Δ_w > Δ_l),
+    ``actor/reward_margin`` (β·mean(Δ_w − Δ_l)).
     Shapes: log_prob, old_log_prob, response_mask ``(2·n_pairs, response_length)``.
     """
     del advantages, loss_agg_mode
@@ -84,5 +88,6 @@ def compute_dpo_loss(
             "actor/chosen_reward": float(config.beta * chosen.sum() / n),
             "actor/rejected_reward": float(config.beta * rejected.sum() / n),
             "actor/accuracy_mean": float((chosen > rejected).float().sum() / n),
+            "actor/reward_margin": float(config.beta * (chosen - rejected).sum() / n),
         }
     return loss, metrics

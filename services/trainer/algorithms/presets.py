@@ -19,6 +19,7 @@ from typing import Any
 
 from .advantages_dispatch import check_advantage_args
 from .aggregation import check_loss_agg_mode
+from .kl import make_kl_controller
 from .params import unknown_key_error
 from .registries import REWARD_MANAGERS, get_advantage_fn, get_kl_fn, get_policy_loss_fn
 from .reward_managers import OverlongBufferConfig
@@ -26,6 +27,7 @@ from .reward_managers import OverlongBufferConfig
 __all__ = ["PRESETS", "AlgorithmPreset", "resolve_preset"]
 
 ENTROPY_LOSS_FNS = ("default", "none")
+PAIRWISE_AGG_MODES = ("seq-mean-token-mean", "seq-mean-token-sum")
 
 
 def _frozen(mapping: Mapping[str, Any] | None = None) -> Mapping[str, Any]:
@@ -78,18 +80,27 @@ class AlgorithmPreset:
         config_cls = getattr(get_policy_loss_fn(self.policy_loss_fn), "config_cls", None)
         if config_cls is not None:  # a plug-in without a params class gets its args unchecked
             config_cls.from_dict(self.policy_loss_fn_args)
-        for name, args in (
-            (self.kl_penalty_fn, self.kl_penalty_fn_args),
-            (self.kl_loss_fn, self.kl_loss_fn_args),
-        ):
-            get_kl_fn(name)
-            _check_keys(f"args of KL fn {name!r}", args, ["kl_coef"])
+        get_kl_fn(self.kl_penalty_fn)
+        make_kl_controller(self.kl_penalty_fn_args)  # checks kl_ctrl, target_kl, horizon
+        if self.kl_penalty_fn_args.get("kl_ctrl", "fixed") != "fixed" and not self.use_kl_in_reward:
+            raise ValueError(
+                "kl_penalty_fn_args.kl_ctrl is set but kl_penalty_fn is 'none': the controller adapts "
+                "the reward KL penalty; set kl_penalty_fn (e.g. 'kl') or drop kl_ctrl"
+            )
+        get_kl_fn(self.kl_loss_fn)
+        _check_keys(f"args of KL fn {self.kl_loss_fn!r}", self.kl_loss_fn_args, ["kl_coef"])
         if self.entropy_loss_fn not in ENTROPY_LOSS_FNS:
             raise ValueError(
                 f"entropy_loss_fn must be one of {ENTROPY_LOSS_FNS}, got {self.entropy_loss_fn!r}"
             )
         _check_keys("entropy_loss_fn_args", self.entropy_loss_fn_args, ["entropy_coef"])
         check_loss_agg_mode(self.loss_agg_mode)
+        if self.pairwise and self.loss_agg_mode not in PAIRWISE_AGG_MODES:
+            raise ValueError(
+                f"policy_loss_fn {self.policy_loss_fn!r} averages over pairs, so micro-batches must be "
+                f"weighted by sequences: loss_agg_mode must be one of {PAIRWISE_AGG_MODES}, "
+                f"got {self.loss_agg_mode!r}"
+            )
         REWARD_MANAGERS.get(self.reward_manager)
         allowed = ["num_examine", "compute_score", "scorer_args"]
         if self.reward_manager == "dapo":
@@ -98,6 +109,16 @@ class AlgorithmPreset:
         _check_keys(f"reward_manager_args of {self.reward_manager!r}", self.reward_manager_args, allowed)
         if self.repeat_times < 1:
             raise ValueError(f"repeat_times must be >= 1, got {self.repeat_times}")
+
+    @property
+    def reads_reference(self) -> bool:
+        """Whether the policy loss reads the reference log-probs (DPO): a reference model is needed."""
+        return bool(getattr(get_policy_loss_fn(self.policy_loss_fn), "reads_reference", False))
+
+    @property
+    def pairwise(self) -> bool:
+        """Whether the policy loss reads adjacent (chosen, rejected) row pairs (DPO)."""
+        return bool(getattr(get_policy_loss_fn(self.policy_loss_fn), "pairwise", False))
 
     @property
     def use_kl_in_reward(self) -> bool:
@@ -127,6 +148,9 @@ PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
             "advantage_fn": "reinforce_plus_plus",
             "advantage_fn_args": {"gamma": 1.0},
         },
+        "remax": {"advantage_fn": "remax"},
+        "opo": {"repeat_times": 2, "advantage_fn": "opo"},
+        "gpg": {"repeat_times": 2, "advantage_fn": "gpg", "policy_loss_fn": "gpg", **_NO_KL},
         "gspo": {"repeat_times": 2, "policy_loss_fn": "gspo", "loss_agg_mode": "seq-mean-token-mean"},
         "cispo": {"repeat_times": 2, "policy_loss_fn": "cispo"},
         "sapo": {"repeat_times": 2, "policy_loss_fn": "sapo", "loss_agg_mode": "seq-mean-token-mean"},
@@ -146,11 +170,12 @@ PRESETS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
             "entropy_loss_fn": "none",
             **_NO_KL,
         },
-        "dpo": {
-            "repeat_times": 2,
+        "dpo": {  # one experience holds a (chosen, rejected) pair; loss is a mean over pairs
+            "repeat_times": 1,
             "advantage_fn": None,
             "policy_loss_fn": "dpo",
             "policy_loss_fn_args": {"beta": 0.1, "label_smoothing": 0.0},
+            "loss_agg_mode": "seq-mean-token-mean",
         },
     }
 )
@@ -191,13 +216,21 @@ def resolve_preset(algorithm_type: str, overrides: Mapping[str, Any] | None = No
             values[args_field] = {**values.get(args_field, defaults[args_field]), **given.pop(args_field)}
     if "reward_manager" in given and given["reward_manager"] != values.get("reward_manager", "naive"):
         values["reward_manager_args"] = {}
-    if "reward_manager_args" in given:
-        values["reward_manager_args"] = {
-            **values.get("reward_manager_args", {}),
-            **given.pop("reward_manager_args"),
-        }
+    if "reward_manager_args" in given:  # merged a level deeper: {overlong_buffer: {len: 512}} keeps enable
+        values["reward_manager_args"] = _merge(
+            values.get("reward_manager_args", {}), given.pop("reward_manager_args")
+        )
     values |= given
     return AlgorithmPreset(**values)
+
+
+def _merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    """`update` over `base`, merging nested mappings instead of replacing them."""
+    out = dict(base)
+    for key, value in update.items():
+        both = isinstance(value, Mapping) and isinstance(out.get(key), Mapping)
+        out[key] = _merge(out[key], value) if both else value
+    return out
 
 
 def _same_fn(fn_field: str, a: str | None, b: str | None) -> bool:

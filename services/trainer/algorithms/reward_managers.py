@@ -104,6 +104,32 @@ class NaiveRewardManager:
         del response_length, extra
         return score
 
+    def shape_scores(self, batch: TrainBatch) -> tuple[RewardResult, dict[str, float]]:
+        """Shape the scores already on ``batch`` (``token_level_scores``: the explorer's workflow
+        rewards) and return them with the manager's metrics.
+
+        Each row's score Σ_t scores goes through ``shape``; the change is added at the row's last
+        valid response token (rows with no valid token are left as they are).
+        """
+        scores = batch.require("token_level_scores")
+        lengths = batch.response_mask.sum(dim=-1).long().tolist()
+        reward = scores.clone()
+        extra: dict[str, list[Any]] = defaultdict(list)
+        deltas = []
+        for i, length in enumerate(lengths):
+            score = float(scores[i].sum())
+            delta = self.shape(score, length, extra) - score
+            deltas.append(delta)
+            if length > 0 and delta:
+                last = int(batch.response_mask[i].nonzero()[-1])
+                reward[i, last] += delta
+        return RewardResult(reward, dict(extra)), self.shaping_metrics(deltas)
+
+    def shaping_metrics(self, deltas: list[float]) -> dict[str, float]:
+        """Metrics of what ``shape`` changed (the naive manager changes nothing)."""
+        del deltas
+        return {}
+
     def __call__(self, batch: TrainBatch) -> RewardResult:
         """Scores for every sample of ``batch`` (needs responses, data_sources, ground_truths)."""
         if batch.rm_scores is not None:
@@ -156,11 +182,14 @@ class OverlongBufferConfig(FrozenParams):
 
 @REWARD_MANAGERS.register("dapo")
 class DAPORewardManager(NaiveRewardManager):
-    """Naive manager plus a trailing-EOS strip and DAPO's overlong reward shaping.
+    """Naive manager plus a trailing-EOS strip and DAPO's overlong reward shaping ("soft overlong
+    punishment", Yu et al. 2025, https://arxiv.org/abs/2503.14476, eq. 13).
 
-    With L the response length, L_max = ``max_resp_len`` and B the buffer length:
+    With L the response length, L_max = ``max_resp_len`` and B the buffer length (L_cache):
     reward = score + min(−(L − (L_max − B)) / B · penalty_factor, 0), i.e. 0 up to L_max − B,
-    falling linearly to −penalty_factor at L_max.
+    falling linearly to −penalty_factor at L_max and staying there beyond it (the paper's −1; veRL
+    leaves it unbounded, the same for every response the rollout's L_max cap allows).  In a run the trainer applies it to the explorer's rewards
+    (``shape_scores``) before advantages.
     """
 
     def __init__(
@@ -192,13 +221,25 @@ class DAPORewardManager(NaiveRewardManager):
             text = text[: -len(self.eos_token)]
         return text
 
+    def shaping_metrics(self, deltas: list[float]) -> dict[str, float]:
+        """``reward/overlong_penalty_mean`` (mean penalty over the batch) and ``reward/overlong_ratio``
+        (fraction of responses penalised), when the overlong buffer is enabled."""
+        if not self.overlong.enable:
+            return {}
+        n = max(len(deltas), 1)
+        return {
+            "reward/overlong_penalty_mean": sum(deltas) / n,
+            "reward/overlong_ratio": sum(d < 0 for d in deltas) / n,
+        }
+
     def shape(self, score: float, response_length: int, extra: dict[str, list[Any]]) -> float:
         """Score plus the overlong penalty (when enabled)."""
         if not self.overlong.enable:
             return score
         assert self.max_resp_len is not None
         expected = self.max_resp_len - self.overlong.len
-        penalty = min(-(response_length - expected) / self.overlong.len * self.overlong.penalty_factor, 0.0)
+        factor = self.overlong.penalty_factor
+        penalty = max(min(-(response_length - expected) / self.overlong.len * factor, 0.0), -factor)
         if self.overlong.log:
             extra["overlong_reward"].append(penalty)
             extra["overlong"].append(penalty < 0)

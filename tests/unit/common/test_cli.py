@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from services.cli import app
@@ -13,9 +14,58 @@ runner = CliRunner()
 
 
 def test_config_check_ok():
-    result = runner.invoke(app, ["config", "check", str(ROOT / "examples/verl_mapping/grpo_example.yaml")])
+    # a config for a GPU machine: its model and data are not here, so the path checks are skipped
+    example = str(ROOT / "examples/verl_mapping/grpo_example.yaml")
+    result = runner.invoke(app, ["config", "check", example, "--skip-paths"])
     assert result.exit_code == 0, result.output
     assert "train_batch_size=2048" in result.output
+    # veRL keys this trainer does not read load with a warning naming their full path
+    assert (
+        "warning: trainer.trainer_config.actor_rollout_ref.actor.fsdp_config.param_offload" in result.output
+    )
+    result = runner.invoke(app, ["config", "check", example])
+    assert result.exit_code == 2
+    assert (
+        "model.model_path 'deepseek-ai/deepseek-llm-7b-chat' (relative to the current directory"
+        in result.output
+    )
+
+
+def test_config_check_resolves_relative_paths_as_rft_run_does(tmp_path, monkeypatch):
+    from services.common.config import load_config
+    from services.launch.plan import plan_stages
+    from services.launch.preflight import PreflightError, preflight
+
+    (tmp_path / "tasks.jsonl").write_text("{}\n")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "model: {model_path: models/m, max_response_tokens: 4}\n"
+        "buffer: {explorer_input: {taskset: {path: tasks.jsonl}}}\n"
+    )
+    monkeypatch.chdir(tmp_path)  # the folder `rft run` and `rft config check` are started from
+    result = runner.invoke(app, ["config", "check", "c.yaml"])
+    assert result.exit_code == 2 and "model.model_path 'models/m'" in result.output
+    with pytest.raises(PreflightError, match="model.model_path 'models/m'"):
+        preflight([s.config for s in plan_stages(load_config(cfg))])
+    (tmp_path / "models" / "m").mkdir(parents=True)
+    result = runner.invoke(app, ["config", "check", "c.yaml"])
+    assert result.exit_code == 0, result.output
+    preflight([s.config for s in plan_stages(load_config(cfg))])
+    monkeypatch.chdir(ROOT)  # from another folder both refuse the same relative path
+    assert runner.invoke(app, ["config", "check", str(cfg)]).exit_code == 2
+
+
+def test_config_check_set_of_a_stage_and_bad_set_exit_codes(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("stages: [{stage_name: a}]\n")
+    ok = runner.invoke(app, ["config", "show", str(cfg), "--set", "stages.0.buffer.total_steps=12"])
+    assert ok.exit_code == 0, ok.output
+    assert "total_steps: 12" in ok.output
+    bad = runner.invoke(app, ["config", "check", str(cfg), "--set", "stages.2.buffer.total_steps=12"])
+    assert (
+        bad.exit_code == 2
+        and "--set stages.2.buffer.total_steps=12: stages is a list of 1 item(s)" in bad.output
+    )
 
 
 def test_config_check_bad_file_exits_2_with_path(tmp_path):
@@ -34,6 +84,12 @@ def test_config_show_prints_defaults_and_resolved(tmp_path):
     assert result.exit_code == 0, result.output
     assert "train_batch_size: 12" in result.output
     assert "sync_method: nccl" in result.output
+    assert "max_response_tokens: null" in result.output.split("resolved:")[1]  # nothing samples here
+    derived = runner.invoke(app, ["config", "show", str(cfg), "--set", "model.max_model_len=64",
+                                  "--set", "model.max_prompt_tokens=40", "--set", "explorer.rollout_model.use_v1=false"])  # fmt: skip
+    resolved = derived.output.split("resolved:")[1]
+    assert "max_response_tokens: 24" in resolved and "max_model_len: 64" in resolved
+    assert "warning: explorer.rollout_model.use_v1: False has no effect here" in derived.output
 
 
 def test_serve_unknown_service():

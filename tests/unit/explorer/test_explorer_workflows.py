@@ -21,6 +21,7 @@ from .fakes import ScriptedEngine
 
 def _task(raw, workflow="math", **kw) -> Task:
     fmt = kw.pop("format", FormatConfig(prompt_key="question", response_key="answer"))
+    kw.setdefault("rollout_args", {"max_tokens": 16})  # what the config resolves; engines have no default
     return Task(task_id="t/0", index=0, taskset="t", raw=raw, workflow=workflow, format=fmt, **kw)
 
 
@@ -99,7 +100,12 @@ async def test_multi_turn_masks_observation_tokens():
     engine = ScriptedEngine(["a1", "b22", "c333"])
     wrapper = ModelWrapper(engine)
     env = ScriptedEnv()
-    task = _task({"question": "q"}, workflow="multi_turn", workflow_args={"env": lambda: env, "max_turns": 5})
+    task = _task(
+        {"question": "q"},
+        workflow="multi_turn",
+        workflow_args={"env": lambda: env, "max_turns": 5},
+        rollout_args={"max_tokens": 16},
+    )
     exps = (await WorkflowRunner(wrapper).run(task)).experiences
     assert len(exps) == 1
     e = exps[0]
@@ -143,11 +149,11 @@ def test_guess_number_env():
 
 async def test_prompt_truncation_keeps_the_tail_or_refuses():
     engine = ScriptedEngine(["x"])
-    exps = await ModelWrapper(engine, max_prompt_tokens=5).generate_async(["abcdefgh"])
+    exps = await ModelWrapper(engine, max_prompt_tokens=5).generate_async(["abcdefgh"], max_tokens=4)
     assert engine.calls[-1][0] == [ord(c) for c in "defgh"] and exps[0].info["prompt_truncated"] == "1"
     strict = ModelWrapper(engine, max_prompt_tokens=5, enable_prompt_truncation=False)
     with pytest.raises(PromptTooLong):
-        await strict.generate_async(["abcdefgh"])
+        await strict.generate_async(["abcdefgh"], max_tokens=4)
     task = _task({"question": "a long question"}, workflow="math")
     result = await WorkflowRunner(strict, max_retry_times=3).run(task)
     assert not result.ok and result.attempts == 1 and "max_prompt_tokens" in result.error

@@ -21,6 +21,15 @@ from services.launch.summary import run_summary, stage_summary
 ROOT = Path(__file__).resolve().parents[3]
 
 
+# names.py checks a config's names against the services' registries (and the trainer's preset resolution)
+NAMES_IMPORTS = {
+    "services.trainer.settings",
+    "services.trainer.algorithms",
+    "services.trainer.algorithms.presets",
+    "services.explorer.workflows",
+}
+
+
 def test_launch_imports_only_common_and_itself():
     bad = []
     for path in (ROOT / "services" / "launch").rglob("*.py"):
@@ -28,7 +37,8 @@ def test_launch_imports_only_common_and_itself():
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
                 [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else [])  # fmt: skip
             bad += [f"{path.name}: {n}" for n in names
-                    if n.startswith("services.") and not n.startswith(("services.common", "services.launch"))]  # fmt: skip
+                    if n.startswith("services.") and not n.startswith(("services.common", "services.launch"))
+                    and not (path.name == "names.py" and n in NAMES_IMPORTS)]  # fmt: skip
     assert not bad
 
 
@@ -92,8 +102,9 @@ def test_summary_from_metrics_files(tmp_path):
     assert (s["steps"], s["model_version"], s["first_reward_mean"]) == (8, 8, 0.1)
     assert s["last_reward_mean"] == pytest.approx(sum(rewards[-5:]) / 5)
     assert s["samples_per_s"] == 16.0 and s["checkpoint"].endswith("global_step_8/huggingface")
-    top = run_summary([("sft", {**s, "first_reward_mean": None, "steps": 3}), ("rl", s)], "finished", 10.0)
+    top = run_summary([("sft", {**s, "first_reward_mean": None, "steps": 3}), ("rl", s)], "finished")
     assert top["steps"] == 11 and top["first_reward_mean"] == 0.1 and len(top["stages"]) == 2
+    assert top["wall_time_s"] == 8.0 and top["samples_per_s"] == 16.0  # the stages' sums
 
 
 def test_metrics_tail_keeps_partial_lines(tmp_path):

@@ -10,6 +10,7 @@ from services.trainer.algorithms import (
     TrainBatch,
     compute_advantage,
     compute_gae_advantage_return,
+    compute_gpg_outcome_advantage,
     compute_grpo_outcome_advantage,
     compute_opo_outcome_advantage,
     compute_reinforce_plus_plus_outcome_advantage,
@@ -102,6 +103,32 @@ def test_opo_matches_loop():
             baseline = sum(lengths[j] * scores[j] for j in members) / sum(lengths[j] for j in members)
         expected.append(scores[i] - baseline)
     _check_broadcast(adv, mask, expected)
+
+
+def test_gpg_matches_loop():
+    rewards, mask, scores = _outcome_batch(seed=3)
+    scores[4] = 0.0  # one zero score: alpha = 6 / 5
+    rewards[4] = 0.0
+    adv, _ = compute_gpg_outcome_advantage(rewards, mask, INDEX, f_norm=2.0)
+    groups = _groups(INDEX)
+    alpha = len(scores) / sum(1 for x in scores if x != 0)
+    expected = []
+    for i, k in enumerate(INDEX):
+        members = groups[k]
+        mean = sum(scores[j] for j in members) / len(members) if len(members) > 1 else 0.0
+        expected.append(alpha * (scores[i] - mean) / 2.0)
+    _check_broadcast(adv, mask, expected)
+
+
+def test_gpg_pinned_and_all_zero_batch():
+    rewards = torch.tensor([[1.0, 0.0], [0.0, 0.0], [0.0, 3.0], [0.0, 0.0]])
+    adv, _ = compute_gpg_outcome_advantage(rewards, torch.ones(4, 2), ["a", "a", "b", "b"])
+    # alpha = 4 / 2; group a: mean 0.5 -> +-1.0; group b: mean 1.5 -> +-3.0
+    assert adv[:, 0].tolist() == [1.0, -1.0, 3.0, -3.0]
+    zero, _ = compute_gpg_outcome_advantage(torch.zeros(2, 2), torch.ones(2, 2), [1, 1])
+    assert torch.isfinite(zero).all() and zero.abs().sum() == 0
+    with pytest.raises(ValueError, match="f_norm"):
+        compute_gpg_outcome_advantage(rewards, torch.ones(4, 2), [1, 1, 2, 2], f_norm=0.0)
 
 
 def test_opo_group_of_empty_responses_has_no_nan():

@@ -90,7 +90,12 @@ def test_train_batch_checks_shapes_and_is_frozen():
 
 
 def test_every_preset_resolves_to_registered_functions():
-    for name in ("ppo", "grpo", "rloo", "reinforceplusplus", "gspo", "cispo", "dapo", "sft", "dpo"):
+    from services.common.config.algorithm import ALGORITHM_TYPES
+
+    # every algorithm_type the config accepts has a preset (an accepted name that crashes at the
+    # first step is what this guards against)
+    assert set(ALGORITHM_TYPES) <= set(PRESETS), set(ALGORITHM_TYPES) - set(PRESETS)
+    for name in ALGORITHM_TYPES:
         preset = resolve_preset(name)
         assert preset.algorithm_type == name
         if preset.advantage_fn is not None:

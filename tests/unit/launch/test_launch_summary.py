@@ -1,0 +1,83 @@
+"""summary.json when a run is started again: a finished quickstart run again (every stage finished in an
+earlier run, so no process starts) keeps its wall time and samples/s, and the final lines name the
+summary and the curves; the wall time of a run is the sum over its stages."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from services.common.config import load_config
+from services.launch import _main
+from services.launch.plan import plan_stages
+from services.launch.runner import StageOptions
+from services.launch.summary import earlier_wall_time, read_summary, run_summary, write_summary
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _jsonl(path: Path, records: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def _stage(
+    stage_dir: Path, steps: int, wall_time_s: float, samples_per_s: float, rewards: list[float]
+) -> dict:
+    _jsonl(
+        stage_dir / "metrics" / "trainer.jsonl",
+        [{"step": s, "actor/pg_loss": 1 / s} for s in range(1, steps + 1)],
+    )
+    if rewards:
+        _jsonl(stage_dir / "metrics" / "explorer.jsonl",
+               [{"step": i + 1, "rollout/reward/mean": r} for i, r in enumerate(rewards)])  # fmt: skip
+    export = stage_dir / f"global_step_{steps}" / "huggingface"
+    export.mkdir(parents=True)
+    (export / "config.json").write_text("{}")
+    summary = {
+        "status": "finished",
+        "steps": steps,
+        "model_version": steps,
+        "first_reward_mean": rewards[0] if rewards else None,
+        "last_reward_mean": sum(rewards[-5:]) / len(rewards[-5:]) if rewards else None,
+        "explore_steps": len(rewards),
+        "wall_time_s": wall_time_s,
+        "samples_per_s": samples_per_s,
+        "checkpoint": str(export),
+        "job_dir": str(stage_dir),
+    }
+    write_summary(stage_dir / "summary.json", summary)
+    return summary
+
+
+def test_a_finished_run_started_again_keeps_its_summary(tmp_path, capsys):
+    config = load_config(ROOT / "examples" / "quickstart.yaml", overrides=[f"checkpoint_root_dir={tmp_path}"])
+    stages = plan_stages(config)
+    assert [s.name for s in stages] == ["sft", "grpo"]
+    sft = _stage(stages[0].job_dir, 30, 30.0, 25.0, [])
+    grpo = _stage(stages[1].job_dir, 12, 120.0, 90.0, [0.2, 0.4, 0.6, 0.8, 0.8, 0.8])
+    top_file = stages[1].job_dir.parent / "summary.json"
+    write_summary(top_file, run_summary([("sft", sft), ("grpo", grpo)], "finished"))
+    first = read_summary(top_file)
+    assert first["wall_time_s"] == 150.0 and first["samples_per_s"] == pytest.approx(
+        (25 * 30 + 90 * 120) / 150
+    )
+
+    assert asyncio.run(_main(config, stages, StageOptions())) == 0
+    out = capsys.readouterr().out
+    assert out.count("finished in an earlier run") == 2
+    assert read_summary(top_file) == first  # not wall_time_s 0.0 and an absurd samples_per_s
+    lines = out.splitlines()
+    assert lines[-4] == "rft run: finished: 42 steps, reward 0.200 -> 0.680, 150s"
+    assert lines[-3:] == [f"checkpoint: {grpo['checkpoint']}", f"summary: {top_file}",
+                          f"plot: {top_file.parent / 'curves.png'}"]  # fmt: skip
+    assert (top_file.parent / "curves.png").stat().st_size > 10_000
+
+
+def test_the_time_of_earlier_runs_is_carried():
+    assert earlier_wall_time(None) == 0.0
+    assert earlier_wall_time({"status": "interrupted", "wall_time_s": 41.5}) == 41.5
+    assert earlier_wall_time({"wall_time_s": None}) == 0.0 and earlier_wall_time({"wall_time_s": "x"}) == 0.0
