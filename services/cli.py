@@ -209,21 +209,47 @@ def make_tiny_model_cmd(
     typer.echo(f"wrote {size} model to {out_dir}")
 
 
-@app.command(
-    "serve",
-    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-)
-def serve(ctx: typer.Context, service: str, plugin_dir: PluginOpt = None) -> None:
-    """Run one service: `rft serve buffer --config run.yaml` (same as `python -m services.buffer`)."""
+@app.command("serve")
+def serve(
+    service: Annotated[str, typer.Argument(help=f"which service: {', '.join(SERVICES)}")],
+    config: Annotated[Path, typer.Option("--config", "-c", help="run config YAML")],
+    set_: SetOpt = None,
+    port: Annotated[
+        int | None, typer.Option(help="listen port (default services.<service>.port; 0 = a free port)")
+    ] = None,
+    port_file: Annotated[
+        Path | None, typer.Option(help="write the bound port to this file once serving")
+    ] = None,
+    plugin_dir: PluginOpt = None,
+    explorer_id: Annotated[
+        str | None, typer.Option(help="explorer only: its id (default RFT_EXPLORER_ID or explorer.name)")
+    ] = None,
+    shard: Annotated[
+        str | None, typer.Option(help="explorer only: take taskset rows i mod n, as i/n (default 0/1)")
+    ] = None,
+) -> None:
+    """Run one service: `rft serve buffer --config run.yaml` (same as `python -m services.buffer`).
+
+    It stops on SIGTERM/SIGINT (the trainer saves its last trained step first); exit 0 done, 1 failed,
+    2 bad config or plug-in."""
     if service not in SERVICES:
         typer.echo(f"unknown service {service!r}; choose one of {', '.join(SERVICES)}", err=True)
+        raise typer.Exit(2)
+    if service != "explorer" and (explorer_id is not None or shard is not None):
+        typer.echo("--explorer-id and --shard apply to the explorer only", err=True)
         raise typer.Exit(2)
     module = f"services.{service}.__main__"
     if importlib.util.find_spec(module) is None:
         typer.echo(f"the {service} service has no server in this version yet ({module} is missing)", err=True)
         raise typer.Exit(2)
-    plugins = [arg for d in plugin_dir or [] for arg in ("--plugin-dir", str(Path(d).resolve()))]
-    sys.argv = [f"rft serve {service}", *ctx.args, *plugins]
+    argv = ["--config", str(config)]
+    argv += [arg for item in set_ or [] for arg in ("--set", item)]
+    argv += ["--port", str(port)] if port is not None else []
+    argv += ["--port-file", str(port_file)] if port_file is not None else []
+    argv += [arg for d in plugin_dir or [] for arg in ("--plugin-dir", str(Path(d).resolve()))]
+    argv += ["--explorer-id", explorer_id] if explorer_id is not None else []
+    argv += ["--shard", shard] if shard is not None else []
+    sys.argv = [f"rft serve {service}", *argv]
     runpy.run_module(f"services.{service}", run_name="__main__", alter_sys=True)
 
 

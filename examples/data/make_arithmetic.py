@@ -2,11 +2,15 @@
 
     python examples/data/make_arithmetic.py                # -> examples/data/arithmetic.jsonl (25 rows)
     python examples/data/make_arithmetic.py --max-operand 9 --out /tmp/arith.jsonl
+    python examples/data/make_arithmetic.py --pairs        # -> examples/data/arithmetic_pairs.jsonl (DPO)
 
 One JSON object per line, `{"question": "3+4=", "answer": "7"}`, in a fixed shuffled order. The same
 file is the GRPO taskset (`question` is the prompt, `answer` the ground truth of the `arithmetic`
 workflow) and the SFT warm-up data (`question` -> `answer`). A randomly initialised model answers
 almost none of these; the quickstart's short SFT stage brings it to about a quarter, and GRPO the rest.
+
+With `--pairs` each sum is a DPO preference pair instead, `{"prompt": "3+4=", "chosen": "7",
+"rejected": "9"}` (the rejected answer is 1..3 too high), for `examples/dpo.yaml`.
 """
 
 from __future__ import annotations
@@ -24,13 +28,24 @@ def rows(max_operand: int = 4, seed: int = 0) -> list[dict[str, str]]:
     return out
 
 
+def pair_rows(max_operand: int = 4, seed: int = 0) -> list[dict[str, str]]:
+    rng = random.Random(seed)
+    out = [{"prompt": f"{a}+{b}=", "chosen": str(a + b), "rejected": str(a + b + rng.randint(1, 3))}
+           for a in range(max_operand + 1) for b in range(max_operand + 1)]  # fmt: skip
+    rng.shuffle(out)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--max-operand", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=Path(__file__).with_name("arithmetic.jsonl"))
+    parser.add_argument("--pairs", action="store_true", help="DPO preference pairs")
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    data = rows(args.max_operand, args.seed)
+    name = "arithmetic_pairs.jsonl" if args.pairs else "arithmetic.jsonl"
+    args.out = args.out or Path(__file__).with_name(name)
+    data = (pair_rows if args.pairs else rows)(args.max_operand, args.seed)
     args.out.write_text("".join(json.dumps(r) + "\n" for r in data))
     print(f"wrote {len(data)} rows to {args.out}")
 

@@ -40,7 +40,7 @@ from services.launch.gpus import stage_gpus
 from services.launch.names import check_config
 from services.launch.plan import Stage, plan_stages
 from services.launch.preflight import PreflightError, preflight
-from services.launch.runner import StageFailed, StageOptions, StageRun, train_batch_size
+from services.launch.runner import StageFailed, StageOptions, StageRun, stage_total_steps, train_batch_size
 from services.launch.summary import (
     earlier_wall_time,
     last_hf_export,
@@ -59,6 +59,21 @@ def _err(message: str) -> None:
     print(f"rft run: {message}", file=sys.stderr, flush=True)
 
 
+def _finished_before(previous: dict | None, total_steps: int | None) -> bool:
+    """Whether an earlier run finished this stage (single-stage runs included) and nothing more is
+    asked now: a finished run started again with a larger `total_steps` than it ran with trains on.
+    (A run may finish before its `total_steps` when the data ends, so the steps done are compared
+    only when the summary does not record the `total_steps` it ran with.)"""
+    if not previous or previous.get("status") != "finished":
+        return False
+    if total_steps is None:
+        return True
+    asked = previous.get("total_steps")
+    if asked is None:
+        asked = max(int(previous.get("steps") or 0), int(previous.get("explore_steps") or 0))
+    return total_steps <= int(asked)
+
+
 async def _run_stages(
     config: RFTConfig, stages: list[Stage], opts: StageOptions, stop: asyncio.Event, active: list[StageRun]
 ) -> tuple[str, list[tuple[str, dict]], StageFailed | None]:
@@ -69,7 +84,7 @@ async def _run_stages(
         label = stage.name or config.name
         summary_file = stage.job_dir / "summary.json"
         previous = read_summary(summary_file)
-        if multi and config.continue_from_checkpoint and previous and previous.get("status") == "finished":
+        if config.continue_from_checkpoint and _finished_before(previous, stage_total_steps(stage)):
             print(f"[{label}] finished in an earlier run; continuing from it", flush=True)
             results.append((stage.name, previous))
         else:
@@ -85,6 +100,7 @@ async def _run_stages(
             finally:
                 active.clear()
             summary = stage_summary(stage.job_dir, status, time.monotonic() - t0, train_batch_size(stage))
+            summary["total_steps"] = stage_total_steps(stage)  # what was asked, for a later start
             if multi:
                 write_summary(summary_file, summary)
             results.append((stage.name, summary))

@@ -53,13 +53,21 @@ def test_redis_that_does_not_answer_exits_1_before_anything_starts(tmp_path):
 
 
 def test_a_failing_service_exits_1_naming_it_with_its_log(tmp_path):
-    missing = tmp_path / "no-such-model"
-    config = _config(tmp_path, explorer={"rollout_model": {"model_path": str(missing)}})
-    proc = run_rft(config, timeout_s=200)
+    # the file exists (preflight passes) but a row lacks the prompt key and bad rows are errors:
+    # only the explorer, reading the rows, finds out
+    data = tmp_path / "bad.jsonl"
+    data.write_text('{"question": "1+2=", "answer": "3"}\n{"q": "2+2=", "answer": "4"}\n')
+    config = _config(tmp_path)
+    proc = run_rft(
+        config,
+        f"buffer.explorer_input.taskset.path={data}",
+        "buffer.explorer_input.taskset.on_bad_row=error",
+        timeout_s=200,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "the explorer failed" in proc.stderr
     assert "last lines of the explorer log" in proc.stderr
-    assert str(missing) in proc.stderr  # the service's own error, from its log
+    assert "its first error:" in proc.stderr and "question" in proc.stderr  # the service's own error
     assert_no_orphans(proc.stdout + proc.stderr)
     summary = (tmp_path / "ckpt" / "e2e" / "fail" / "summary.json").read_text()
     assert '"status": "failed"' in summary

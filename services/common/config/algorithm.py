@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from services.common.config.base import Section
+from services.common.config.errors import close_match
 
 ALGORITHM_TYPES = (
     "ppo",
@@ -112,7 +113,9 @@ class AlgorithmConfig(Section):
     def _known_strategy(cls, value: str) -> str:
         allowed = ("default", "staleness_control", "mix")
         if value not in allowed and ":" not in value:
+            hint = close_match(value, allowed)
             raise ValueError(
                 f"{value!r} is not one of {', '.join(map(repr, allowed))} or a `module:object` plug-in"
+                + (f"; did you mean `{hint}`?" if hint else "")
             )
         return value

@@ -101,6 +101,9 @@ def _read_tree(source: str, text: str, overrides: Sequence[str]) -> dict[str, An
         raise ConfigError(
             source, [Problem(str(getattr(exc, "full_key", "") or ""), str(exc).splitlines()[0])]
         ) from None
+    except yaml.YAMLError as exc:  # OmegaConf's loader refuses duplicate keys (PyYAML keeps the last)
+        detail = " ".join(str(exc).split())
+        raise ConfigError(source, [Problem("", f"YAML error: {detail}; give each key once")]) from None
     for item in overrides:
         try:
             _apply_override(conf, item)

@@ -93,6 +93,14 @@ def test_config_show_prints_defaults_and_resolved(tmp_path):
 
 
 def test_serve_unknown_service():
-    result = runner.invoke(app, ["serve", "bufer"])
+    result = runner.invoke(app, ["serve", "bufer", "--config", "run.yaml"])
     assert result.exit_code == 2
     assert "unknown service 'bufer'" in result.output
+    wrong = runner.invoke(app, ["serve", "buffer", "--config", "run.yaml", "--shard", "0/2"])
+    assert wrong.exit_code == 2 and "explorer only" in wrong.output
+
+
+def test_serve_help_lists_every_option():
+    text = runner.invoke(app, ["serve", "--help"], terminal_width=200).output
+    for option in ("--config", "--set", "--port", "--port-file", "--plugin-dir", "--explorer-id", "--shard"):
+        assert option in text, option

@@ -152,6 +152,11 @@ def test_yaml_syntax_error_and_missing_file(tmp_path):
         load_config(tmp_path / "nope.yaml")
 
 
+def test_a_duplicate_key_is_a_config_error_naming_it():
+    err = _error("buffer:\n  batch_size: 2\nbuffer:\n  batch_size: 4\n")
+    assert "duplicate key buffer" in str(err) and "line 3" in str(err)
+
+
 def test_buffer_consumer_groups_are_declared_and_checked():
     assert load_config(text="").services.buffer.consumer_groups == ["default"]
     config = load_config(text="services: {buffer: {consumer_groups: [default, eval]}}\n")
@@ -165,3 +170,8 @@ def test_buffer_consumer_groups_are_declared_and_checked():
         err = _error(f"services: {{buffer: {{consumer_groups: {bad}}}}}\n")
         assert str(err.problems[0]).startswith("services.buffer.consumer_groups:"), err
         assert message in str(err), err
+
+
+def test_a_misspelt_sample_strategy_gets_a_suggestion():
+    err = _error("algorithm:\n  sample_strategy: staleness_contrl\n")
+    assert "did you mean `staleness_control`?" in str(err)

@@ -25,7 +25,12 @@ def _jsonl(path: Path, records: list[dict]) -> None:
 
 
 def _stage(
-    stage_dir: Path, steps: int, wall_time_s: float, samples_per_s: float, rewards: list[float]
+    stage_dir: Path,
+    steps: int,
+    wall_time_s: float,
+    samples_per_s: float,
+    rewards: list[float],
+    total_steps: int | None = None,
 ) -> dict:
     _jsonl(
         stage_dir / "metrics" / "trainer.jsonl",
@@ -48,6 +53,7 @@ def _stage(
         "samples_per_s": samples_per_s,
         "checkpoint": str(export),
         "job_dir": str(stage_dir),
+        "total_steps": total_steps or steps,
     }
     write_summary(stage_dir / "summary.json", summary)
     return summary
@@ -58,7 +64,8 @@ def test_a_finished_run_started_again_keeps_its_summary(tmp_path, capsys):
     stages = plan_stages(config)
     assert [s.name for s in stages] == ["sft", "grpo"]
     sft = _stage(stages[0].job_dir, 30, 30.0, 25.0, [])
-    grpo = _stage(stages[1].job_dir, 12, 120.0, 90.0, [0.2, 0.4, 0.6, 0.8, 0.8, 0.8])
+    # the data ended at step 12 of 170: finished all the same
+    grpo = _stage(stages[1].job_dir, 12, 120.0, 90.0, [0.2, 0.4, 0.6, 0.8, 0.8, 0.8], total_steps=170)
     top_file = stages[1].job_dir.parent / "summary.json"
     write_summary(top_file, run_summary([("sft", sft), ("grpo", grpo)], "finished"))
     first = read_summary(top_file)
@@ -81,3 +88,35 @@ def test_the_time_of_earlier_runs_is_carried():
     assert earlier_wall_time(None) == 0.0
     assert earlier_wall_time({"status": "interrupted", "wall_time_s": 41.5}) == 41.5
     assert earlier_wall_time({"wall_time_s": None}) == 0.0 and earlier_wall_time({"wall_time_s": "x"}) == 0.0
+
+
+def _single_stage(tmp_path: Path, total_steps: int):
+    config = load_config(
+        ROOT / "examples" / "quickstart.yaml",
+        overrides=[f"checkpoint_root_dir={tmp_path}", "stages=[]", f"buffer.total_steps={total_steps}"],
+    )
+    stages = plan_stages(config)
+    assert len(stages) == 1 and not stages[0].name
+    return config, stages
+
+
+def test_a_finished_single_stage_run_started_again_starts_nothing(tmp_path, capsys):
+    config, stages = _single_stage(tmp_path, total_steps=6)
+    before = _stage(stages[0].job_dir, 6, 60.0, 12.0, [0.1, 0.5])
+    assert asyncio.run(_main(config, stages, StageOptions())) == 0
+    out = capsys.readouterr().out
+    assert "finished in an earlier run" in out and "started " not in out
+    assert read_summary(stages[0].job_dir / "summary.json") == {**before, "status": "finished"}
+
+
+def test_a_finished_run_asked_for_more_steps_is_not_taken_as_finished():
+    from services.launch import _finished_before
+
+    done = {"status": "finished", "steps": 6, "explore_steps": 6}
+    assert _finished_before(done, 6) and _finished_before(done, None)
+    assert not _finished_before(done, 12)  # a larger total_steps trains on
+    ended_early = {**done, "total_steps": 20}  # the data ended first
+    assert _finished_before(ended_early, 20) and not _finished_before(ended_early, 30)
+    assert not _finished_before({**done, "status": "interrupted"}, 6)
+    assert not _finished_before(None, 6)
+    assert _finished_before({"status": "finished", "steps": 0, "explore_steps": 4}, 4)  # explore mode
