@@ -203,6 +203,7 @@ class ExplorerCore:
             enable_prompt_truncation=self.config.model.enable_prompt_truncation,
             chat_template=self._chat_template,
             enable_thinking=self.resolved.enable_thinking,
+            tool_call_parser=self.config.explorer.rollout_model.tool_call_parser,
         )
 
     async def _run_task(self, task: Task) -> TaskResult:

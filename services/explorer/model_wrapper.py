@@ -34,6 +34,7 @@ class ModelWrapper:
         chat_template: str | None = None,
         enable_thinking: bool | None = None,
         default_args: Mapping[str, Any] | None = None,
+        tool_call_parser: str | None = None,
     ):
         self.engine = engine
         self.loop = loop
@@ -42,6 +43,7 @@ class ModelWrapper:
         self.chat_template = chat_template
         self.enable_thinking = enable_thinking
         self.default_args = dict(default_args or {})
+        self.tool_call_parser = tool_call_parser  # services/explorer/tools/parser.py; None = hermes
 
     @property
     def tokenizer(self) -> Any:

@@ -16,6 +16,10 @@ for a version that cannot come. When its data ends it reports STOPPED; once ever
 trainer drains the buffer and ends the run. Stopped by a signal before that, it reports LOST (it may
 come back), so the trainer keeps waiting for its data.
 
+In `mode: serve` (or with `explorer.rollout_model.enable_openai_api` in another mode) it also serves
+the OpenAI-compatible endpoint of services/explorer/serve/; in serve mode it reads no tasksets and,
+instead of exploring, loads every new version the trainer publishes until the run finishes.
+
 Several explorers can run at once: each needs its own id (`--explorer-id`, `RFT_EXPLORER_ID`, else
 `explorer.name`) and, to split the tasksets, a shard `i/n` (`--shard`, `RFT_EXPLORER_SHARD`).
 """
@@ -43,6 +47,7 @@ from services.explorer.auxiliary import build_auxiliary_models
 from services.explorer.core import ExplorerCore, find_checkpoints
 from services.explorer.engines import build_engines
 from services.explorer.engines.placement import engine_devices
+from services.explorer.serve.service import build_endpoint, follow_run, serves_http
 from services.explorer.servicer import ExplorerServicer, registration
 from services.explorer.sink import BufferSink, ExperienceSink, MemorySink
 from services.explorer.weight_receiver import WeightReceiver
@@ -117,7 +122,10 @@ async def build_core(
         monitor=monitor,
         shard=parts,
     )
-    await core.start()
+    if config.mode == "serve":  # no tasksets: the calls to the endpoint are the data (serve/)
+        core.status = "RUNNING"
+    else:
+        await core.start()
     return core
 
 
@@ -223,14 +231,21 @@ async def _auto_run(core: ExplorerCore, client: SyncClient | None) -> None:
 def make_build(explorer_id: str | None = None, shard: str | None = None):
     async def build(config: RFTConfig) -> tuple[Sequence[Registration], Callable[[], Awaitable[None]] | None]:
         core = await build_core(config, explorer_id=explorer_id, shard=shard)
-        servicer = ExplorerServicer(core, on_shutdown=_stop_process)
+        endpoint = build_endpoint(config, core) if serves_http(config) else None
+        servicer = ExplorerServicer(core, on_shutdown=_stop_process, serve=endpoint and endpoint.backend)
         client = await attach_synchronizer(config, core, servicer.weights)
         runner: asyncio.Task[None] | None = None
-        if config.explorer.auto_start:
+        if endpoint is not None:
+            endpoint.start()
+        if config.mode == "serve":
+            runner = asyncio.get_running_loop().create_task(follow_run(core, client))
+        elif config.explorer.auto_start:
             runner = asyncio.get_running_loop().create_task(_auto_run(core, client))
 
         async def close() -> None:
             reported = runner is not None and runner.done()
+            if endpoint is not None:
+                await endpoint.stop()
             await core.stop()
             if runner is not None and not runner.done():
                 runner.cancel()

@@ -13,6 +13,8 @@ from rft.v1 import common_pb2, explorer_pb2, explorer_pb2_grpc
 from services.common.weight_sync import GroupInfo, WeightSyncError
 from services.common.weight_sync.errors import GroupBrokenError, StaleGenerationError
 from services.explorer.core import ExplorerCore, find_checkpoints
+from services.explorer.serve.backend import ServeBackend
+from services.explorer.serve.sessions import SessionError
 from services.explorer.tasksets import TasksetError
 from services.explorer.weight_receiver import WeightReceiver
 
@@ -41,10 +43,16 @@ async def _guard(context: grpc.aio.ServicerContext, call: Callable[[], Awaitable
 
 
 class ExplorerServicer(explorer_pb2_grpc.ExplorerServiceServicer):
-    def __init__(self, core: ExplorerCore, on_shutdown: Callable[[], Any] | None = None):
+    def __init__(
+        self,
+        core: ExplorerCore,
+        on_shutdown: Callable[[], Any] | None = None,
+        serve: ServeBackend | None = None,
+    ):
         self.core = core
         self.weights = WeightReceiver(core)
         self.on_shutdown = on_shutdown
+        self.serve = serve  # the OpenAI-compatible endpoint's backend (mode serve), for Feedback/Commit
 
     async def Explore(self, request: explorer_pb2.ExploreRequest, context: grpc.aio.ServicerContext):
         results = await _guard(context, lambda: self.core.explore(request.steps))
@@ -114,6 +122,35 @@ class ExplorerServicer(explorer_pb2_grpc.ExplorerServiceServicer):
         if self.on_shutdown is not None:
             self.on_shutdown()
         return explorer_pb2.ExplorerShutdownResponse()
+
+    async def _serve_call(
+        self, context: grpc.aio.ServicerContext, call: Callable[[ServeBackend], Awaitable[T]]
+    ) -> T:
+        if self.serve is None:
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "this explorer serves no endpoint: set mode: serve (or explorer.rollout_model.enable_openai_api)",
+            )
+        try:
+            return await call(self.serve)
+        except SessionError as exc:
+            code = {404: grpc.StatusCode.NOT_FOUND, 409: grpc.StatusCode.FAILED_PRECONDITION}
+            await context.abort(code.get(exc.status, grpc.StatusCode.INVALID_ARGUMENT), f"{exc.param}: {exc}")
+        raise AssertionError("unreachable")  # pragma: no cover - abort raises
+
+    async def Feedback(self, request: explorer_pb2.ServeFeedbackRequest, context: grpc.aio.ServicerContext):
+        choice = request.choice_index if request.HasField("choice_index") else None
+
+        async def call(serve: ServeBackend) -> str:
+            return serve.feedback(request.reward, request.session_id, request.response_id, choice)
+
+        return explorer_pb2.ServeFeedbackResponse(session_id=await self._serve_call(context, call))
+
+    async def Commit(self, request: explorer_pb2.ServeCommitRequest, context: grpc.aio.ServicerContext):
+        out = await self._serve_call(context, lambda serve: serve.commit(list(request.session_ids)))
+        return explorer_pb2.ServeCommitResponse(
+            committed=out["committed"], experiences=out["experiences"], model_versions=out["model_versions"]
+        )
 
 
 def registration(servicer: ExplorerServicer) -> tuple[Any, ExplorerServicer, str]:

@@ -208,6 +208,9 @@ def run(
     if explorers < 1:
         _err("--explorers must be >= 1")
         return EXIT_CONFIG
+    if explorers > 1 and any(stage.config.mode == "serve" for stage in stages):
+        _err("--explorers: mode serve runs one explorer (one endpoint); drop --explorers")
+        return EXIT_CONFIG
     try:  # every stage's GPUs fit before the first one starts
         for stage in stages:
             stage_gpus(stage.config, explorers, os.environ)

@@ -56,7 +56,7 @@ def stage_gpus(config: RFTConfig, explorers: int, environ: Mapping[str, str]) ->
     """The GPUs of each process of a stage with `explorers` explorers. Raises GpuPlacementError."""
     cluster = config.cluster
     if cluster.gpu_per_node == 0:
-        vllm = config.explorer.rollout_model.engine_type == "vllm" and config.mode == "both"
+        vllm = config.explorer.rollout_model.engine_type == "vllm" and config.mode in ("both", "serve")
         return StageGpus(placed=False, warnings=(
             "cluster.gpu_per_node is 0, so rft run places no GPUs: the trainer and vLLM engine 0 "
             "share the first visible GPU; set cluster.gpu_per_node to split them",

@@ -12,6 +12,7 @@ that dies at start (or, before, an explorer that retried a missing reward functi
         explorer_input.default_workflow_type, default_eval_workflow_type                WORKFLOWS (a class)
     ... .default_reward_fn_type                                                         REWARD_SCORERS (callable)
     ... .workflow_args.env of a `multi_turn` taskset                                    ENVIRONMENTS
+    explorer.rollout_model.tool_call_parser                                             TOOL_CALL_PARSERS
 
 A `module:object` name is imported (after the run's plug-in folders, `plugin_dirs` and `--plugin-dir`,
 are loaded, so names their modules register are known too). Where a trainer runs, the algorithm
@@ -62,6 +63,7 @@ ENTROPY = Kind("entropy loss", "services.trainer.algorithms.presets", "ENTROPY_L
 WORKFLOW = Kind("workflow", "services.explorer.workflows", "WORKFLOWS", "class")
 ENVIRONMENT = Kind("environment", "services.explorer.workflows", "ENVIRONMENTS")
 REWARD_FN = Kind("reward function", "services.common.rewards", "REWARD_SCORERS")
+TOOL_PARSER = Kind("tool call parser", "services.explorer.tools", "TOOL_CALL_PARSERS")
 
 _ALGORITHM_NAMES = {
     "advantage_fn": ADVANTAGE,
@@ -71,7 +73,7 @@ _ALGORITHM_NAMES = {
     "entropy_loss_fn": ENTROPY,
     "reward_manager": REWARD_MANAGER,
 }
-_TRAINS = ("both", "train")
+_TRAINS = ("both", "train", "serve")
 
 
 def _tasksets(config: RFTConfig) -> Iterator[tuple[str, TasksetConfig]]:
@@ -103,6 +105,8 @@ def config_names(config: RFTConfig) -> list[tuple[str, Kind, str]]:
             out.append((f"{path}.default_workflow_type", WORKFLOW, ts.default_workflow_type))
         if ts.default_reward_fn_type:
             out.append((f"{path}.default_reward_fn_type", REWARD_FN, ts.default_reward_fn_type))
+    if parser := config.explorer.rollout_model.tool_call_parser:
+        out.append(("explorer.rollout_model.tool_call_parser", TOOL_PARSER, parser))
     return out
 
 

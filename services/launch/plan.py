@@ -5,6 +5,7 @@ stage, the service processes its `mode` needs, in start order.
     train    buffer, then trainer (+ the offline-data feeder when the experience buffer has a `path`)
     explore  buffer, then explorer(s)
     bench    explorer (bench mode: evaluates the base model and every checkpoint)
+    serve    as both; the explorer serves an OpenAI-compatible endpoint instead of reading tasksets
 
 Every process reads the same effective config, written to `<job_dir>/config.yaml`: the stage's tree
 with the launcher's choices applied (loopback hosts, port 0, `auto_start` on) and no secret in it
@@ -33,6 +34,7 @@ WAVES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "train": (("buffer",), ("trainer",)),
     "explore": (("buffer",), ("explorer",)),
     "bench": ((), ("explorer",)),
+    "serve": (("synchronizer", "buffer"), ("trainer", "explorer")),  # the explorer serves HTTP
 }
 
 

@@ -1,7 +1,8 @@
 """Runs one stage as local processes, start to end: builds its processes (the effective config, argv,
 environment, log and port files of each), hands them to the `Supervisor` (start in waves, supervise,
-restart, stop in order), and runs what belongs to the stage around them: the progress display and,
-for an SFT stage, the feeder of offline data into the buffer.
+restart, stop in order), and runs what belongs to the stage around them: the progress display,
+for an SFT stage the feeder of offline data into the buffer, and in serve mode the line
+`endpoint: http://host:port/v1` once the explorer's endpoint listens.
 
 The stage is over when every process that ends the run (trainer; explorers; in bench mode the
 explorer) has exited 0; the trainer ending first gives the explorers `EXPLORER_GRACE_S` (supervisor.py)
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.common.config import resolve
+from services.common.config.explorer import SERVE_URL_FILE
 from services.launch.gpus import stage_gpus
 from services.launch.plan import WAVES, Stage, child_env, effective_tree, service_argv, write_config
 from services.launch.processes import ServiceProcess
@@ -73,6 +75,11 @@ class StageRun:
         )
         self._feeder: asyncio.Task[int] | None = None
         self._feed_stop = asyncio.Event()
+        # serve mode: the explorer writes its endpoint URL here once it listens; printed once
+        self._url_file: Path | None = None
+        if self.config.mode == "serve":
+            self._url_file = self.job_dir / "run" / SERVE_URL_FILE
+            self._url_file.unlink(missing_ok=True)
 
     def _process(
         self, service: str, explorer_id: str | None = None, shard: str | None = None, index: int = 0
@@ -122,6 +129,11 @@ class StageRun:
     def _tick(self) -> None:
         self.progress.poll()
         self.progress.render()
+        if self._url_file is not None and self._url_file.is_file():
+            url = self._url_file.read_text().strip()
+            if url:
+                print(f"[{self.label}] endpoint: {url}", flush=True)
+                self._url_file = None
         feeder = self._feeder
         if feeder is not None and feeder.done() and not feeder.cancelled() and feeder.exception() is not None:
             exc = feeder.exception()

@@ -7,6 +7,40 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ServeFeedbackRequest(_message.Message):
+    __slots__ = ("session_id", "response_id", "reward", "choice_index")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    RESPONSE_ID_FIELD_NUMBER: _ClassVar[int]
+    REWARD_FIELD_NUMBER: _ClassVar[int]
+    CHOICE_INDEX_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    response_id: str
+    reward: float
+    choice_index: int
+    def __init__(self, session_id: _Optional[str] = ..., response_id: _Optional[str] = ..., reward: _Optional[float] = ..., choice_index: _Optional[int] = ...) -> None: ...
+
+class ServeFeedbackResponse(_message.Message):
+    __slots__ = ("session_id",)
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class ServeCommitRequest(_message.Message):
+    __slots__ = ("session_ids",)
+    SESSION_IDS_FIELD_NUMBER: _ClassVar[int]
+    session_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, session_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ServeCommitResponse(_message.Message):
+    __slots__ = ("committed", "experiences", "model_versions")
+    COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    EXPERIENCES_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    committed: _containers.RepeatedScalarFieldContainer[str]
+    experiences: int
+    model_versions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, committed: _Optional[_Iterable[str]] = ..., experiences: _Optional[int] = ..., model_versions: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class ExploreRequest(_message.Message):
     __slots__ = ("steps",)
     STEPS_FIELD_NUMBER: _ClassVar[int]

@@ -80,6 +80,16 @@ class ExplorerServiceStub:
                 request_serializer=rft_dot_v1_dot_explorer__pb2.ExplorerShutdownRequest.SerializeToString,
                 response_deserializer=rft_dot_v1_dot_explorer__pb2.ExplorerShutdownResponse.FromString,
                 _registered_method=True)
+        self.Feedback = channel.unary_unary(
+                '/rft.v1.ExplorerService/Feedback',
+                request_serializer=rft_dot_v1_dot_explorer__pb2.ServeFeedbackRequest.SerializeToString,
+                response_deserializer=rft_dot_v1_dot_explorer__pb2.ServeFeedbackResponse.FromString,
+                _registered_method=True)
+        self.Commit = channel.unary_unary(
+                '/rft.v1.ExplorerService/Commit',
+                request_serializer=rft_dot_v1_dot_explorer__pb2.ServeCommitRequest.SerializeToString,
+                response_deserializer=rft_dot_v1_dot_explorer__pb2.ServeCommitResponse.FromString,
+                _registered_method=True)
 
 
 class ExplorerServiceServicer:
@@ -146,6 +156,20 @@ class ExplorerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Feedback(self, request, context):
+        """Serve mode (`mode: serve`, the OpenAI-compatible endpoint): reward a recorded session or response.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Commit(self, request, context):
+        """Serve mode: turn finished, rewarded sessions into experiences in the buffer (each exactly once).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ExplorerServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -193,6 +217,16 @@ def add_ExplorerServiceServicer_to_server(servicer, server):
                     servicer.Shutdown,
                     request_deserializer=rft_dot_v1_dot_explorer__pb2.ExplorerShutdownRequest.FromString,
                     response_serializer=rft_dot_v1_dot_explorer__pb2.ExplorerShutdownResponse.SerializeToString,
+            ),
+            'Feedback': grpc.unary_unary_rpc_method_handler(
+                    servicer.Feedback,
+                    request_deserializer=rft_dot_v1_dot_explorer__pb2.ServeFeedbackRequest.FromString,
+                    response_serializer=rft_dot_v1_dot_explorer__pb2.ServeFeedbackResponse.SerializeToString,
+            ),
+            'Commit': grpc.unary_unary_rpc_method_handler(
+                    servicer.Commit,
+                    request_deserializer=rft_dot_v1_dot_explorer__pb2.ServeCommitRequest.FromString,
+                    response_serializer=rft_dot_v1_dot_explorer__pb2.ServeCommitResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -438,6 +472,60 @@ class ExplorerService:
             '/rft.v1.ExplorerService/Shutdown',
             rft_dot_v1_dot_explorer__pb2.ExplorerShutdownRequest.SerializeToString,
             rft_dot_v1_dot_explorer__pb2.ExplorerShutdownResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Feedback(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rft.v1.ExplorerService/Feedback',
+            rft_dot_v1_dot_explorer__pb2.ServeFeedbackRequest.SerializeToString,
+            rft_dot_v1_dot_explorer__pb2.ServeFeedbackResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Commit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/rft.v1.ExplorerService/Commit',
+            rft_dot_v1_dot_explorer__pb2.ServeCommitRequest.SerializeToString,
+            rft_dot_v1_dot_explorer__pb2.ServeCommitResponse.FromString,
             options,
             channel_credentials,
             insecure,

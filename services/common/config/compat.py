@@ -78,9 +78,6 @@ REFUSED: dict[tuple[type[BaseModel], str], Rule] = {
     (ModelConfig, "rope_theta"): Rule(
         "not applied to the loaded model", "edit rope_theta in the model folder's config.json"
     ),
-    (FormatConfig, "tools_key"): Rule(
-        "tool definitions are not passed to the chat template", "put the tools into the system prompt"
-    ),
     (FormatConfig, "image_key"): Rule(_NOT_MULTIMODAL),
     (FormatConfig, "video_key"): Rule(_NOT_MULTIMODAL),
     (FormatConfig, "enable_concatenated_multi_turn"): Rule(
@@ -92,16 +89,12 @@ REFUSED: dict[tuple[type[BaseModel], str], Rule] = {
     (DataSelectorConfig, "kwargs"): Rule(
         "difficulty-based task selection is not implemented", "selector_type: sequential, shuffle or random"
     ),
-    (InferenceModelConfig, "enable_openai_api"): Rule(
-        "the engines serve no OpenAI-compatible API; workflows call them in-process",
-        "explorer.auxiliary_models[i].api_base for an external OpenAI-compatible model",
-    ),
     (InferenceModelConfig, "enable_history"): Rule(
         "model call histories are not recorded; workflows build their experiences themselves"
     ),
-    (InferenceModelConfig, "enable_auto_tool_choice"): Rule("no tool-call parsing (no OpenAI API is served)"),
-    (InferenceModelConfig, "tool_call_parser"): Rule("no tool-call parsing (no OpenAI API is served)"),
-    (InferenceModelConfig, "reasoning_parser"): Rule("no reasoning parsing (no OpenAI API is served)"),
+    (InferenceModelConfig, "reasoning_parser"): Rule(
+        "no reasoning parsing: thinking text stays in the content of an answer"
+    ),
     (ExplorerConfig, "env_vars"): Rule(
         "not exported to the explorer's processes", "set the variables in the environment of `rft run`"
     ),
@@ -115,6 +108,9 @@ REFUSED: dict[tuple[type[BaseModel], str], Rule] = {
 }
 
 WARNED: dict[tuple[type[BaseModel], str], Rule] = {
+    (InferenceModelConfig, "enable_auto_tool_choice"): Rule(
+        "tool calls are always parsed (with tool_call_parser) when a request or a workflow gives tools"
+    ),
     (RFTConfig, "ignore_validator_suggestions"): Rule(
         "there are no validator suggestions; errors are errors"
     ),

@@ -60,6 +60,24 @@ class DynamicTimeoutConfig(Section):
     ratio: float = Field(3.0, gt=0)
 
 
+# `<job_dir>/run/<SERVE_URL_FILE>`: the endpoint URL, written by the explorer once it listens
+SERVE_URL_FILE = "serve.url"
+
+
+class ServeConfig(Section):
+    """`explorer.serve`: the OpenAI-compatible endpoint of `mode: serve` (services/explorer/serve/).
+    Loopback by default; port 0 takes a free port (`rft run` prints the bound URL)."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(0, ge=0, le=65535)
+    # the largest `max_tokens` a request may ask for, and the value when it asks none
+    max_tokens: int = Field(1024, ge=1)
+    max_body_bytes: int = Field(1_048_576, ge=1024)
+    max_n: int = Field(16, ge=1)  # choices per request
+    # sessions recorded and not yet committed; a call that would open one more gets 429
+    max_open_sessions: int = Field(10000, ge=1)
+
+
 class ExplorerConfig(Section):
     name: str = "explorer"
     runner_per_model: int = Field(8, ge=1)
@@ -75,6 +93,7 @@ class ExplorerConfig(Section):
     auxiliary_models: list[InferenceModelConfig] = []
     over_rollout: OverRolloutConfig = OverRolloutConfig()
     dynamic_timeout: DynamicTimeoutConfig = DynamicTimeoutConfig()
+    serve: ServeConfig = ServeConfig()
     service_status_check_interval: float = Field(60, gt=0)
     min_running_model_num: int = Field(1, ge=1)
     # Several explorers (shards i/n, e.g. `rft run --explorers n`): false, each explores

@@ -90,7 +90,7 @@ def place_gpus(total: int, demand: GpuDemand, *, mode: str = "both", explorers: 
     only). total 0 places nothing (no GPUs declared: every process sees what its environment shows).
     Raises GpuPlacementError, naming the numbers, when the processes do not fit."""
     has_explorers = mode != "train"
-    has_trainer = mode in ("both", "train")
+    has_trainer = mode in ("both", "train", "serve")
     n = explorers if has_explorers else 0
     if total == 0:
         return GpuPlacement(0, tuple(() for _ in range(n)), ())

@@ -15,7 +15,7 @@ from services.common.config.model import ClusterConfig, ModelConfig
 from services.common.config.runtime import LogConfig, MonitorConfig, SynchronizerConfig, TrainerConfig
 from services.common.config.services import ServicesConfig
 
-MODES = ("both", "train", "explore", "bench")
+MODES = ("both", "train", "explore", "bench", "serve")
 
 
 class StageConfig(Section):

@@ -1,7 +1,8 @@
 """Workflows by name: `math` (alias `simple`, `math_boxed`), `arithmetic` (the quickstart), `multi_turn`
-(over an environment), or a dotted-path plug-in. See `base.py` for the interface."""
+(over an environment, with tools), `tool_arithmetic` (a calculator tool), or a dotted-path plug-in.
+See `base.py` for the interface."""
 
-from services.explorer.workflows import arithmetic, math, multi_turn  # noqa: F401 - register
+from services.explorer.workflows import arithmetic, math, multi_turn, tool_arithmetic  # noqa: F401 - register
 from services.explorer.workflows.base import (
     WORKFLOWS,
     Workflow,

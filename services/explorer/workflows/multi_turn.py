@@ -7,6 +7,15 @@ prompt + [turn 1, observation 1, turn 2, ...]: model tokens have `action_mask` T
 log-probs; observation tokens (the chat-template text between two model turns) have mask False and
 log-prob 0, so the trainer learns only from what the model said. Reward = sum of step rewards.
 Either method may be `async def`.
+
+Tools: when the row has a list of OpenAI tool specs under `format.tools_key` (default "tools"), or
+`workflow_args.tools`, or the environment has a `tools` attribute, the specs are rendered into the
+prompt (services/explorer/tools/template.py) and each model turn is parsed with the parser named by
+`explorer.rollout_model.tool_call_parser` (default `hermes`; `workflow_args.tool_call_parser`
+overrides). A turn with tool calls goes to the environment's `call_tool(call: ToolCall) -> str`
+(when it has one): each result is appended as a `role: tool` message (masked out, like any
+observation) and the model speaks again; a turn without calls goes to `step` as before. Metrics
+`tool_calls` and `tool_parse_errors` count per episode.
 """
 
 from __future__ import annotations
@@ -19,7 +28,8 @@ import torch
 
 from services.common.experience import Experience
 from services.common.registry import Registry
-from services.explorer.tasks import Task
+from services.explorer.tasks import BadRow, Task
+from services.explorer.tools import TOOL_CALL_PARSERS, render_prompt
 from services.explorer.workflows.base import WORKFLOWS, WorkflowBase
 
 
@@ -69,14 +79,51 @@ class MultiTurnWorkflow(WorkflowBase):
     can_repeat = False  # each episode is its own environment
     requires_ground_truth = False
 
+    default_env = "guess_number"
+    default_max_turns = 4
+    _tool_specs: list[dict[str, Any]] | None = None
+
     def _env(self) -> Environment:
-        name = self.args.get("env", "guess_number")
+        name = self.args.get("env", self.default_env)
         factory = ENVIRONMENTS.get(name) if isinstance(name, str) else name
         return factory(**dict(self.args.get("env_args", {})))
 
+    def _tools(self, env: Any) -> list[dict[str, Any]] | None:
+        """The row's tool specs (`format.tools_key`), else `workflow_args.tools`, else `env.tools`."""
+        key = self.task.format.tools_key
+        tools = self.task.raw.get(key) or self.args.get("tools") or getattr(env, "tools", None)
+        if tools is None:
+            return None
+        if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+            raise BadRow(
+                f"tools (row key {key!r}, workflow_args.tools or the environment's) must be a list of "
+                'OpenAI tool specs like {"type": "function", "function": {"name": ..., "parameters": {...}}}'
+            )
+        return tools or None
+
+    def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        if not self._tool_specs:
+            return self.model.render(messages, add_generation_prompt=add_generation_prompt)
+        extra = {} if self.model.enable_thinking is None else {"enable_thinking": self.model.enable_thinking}
+        return render_prompt(
+            self.model.tokenizer,
+            messages,
+            self._tool_specs,
+            self.model.chat_template,
+            add_generation_prompt=add_generation_prompt,
+            **extra,
+        )
+
     async def run_async(self) -> list[Experience]:
         env = self._env()
-        max_turns = int(self.args.get("max_turns", 4))
+        self._tool_specs = self._tools(env)
+        parser = str(
+            self.args.get("tool_call_parser") or getattr(self.model, "tool_call_parser", None) or "hermes"
+        )
+        parse = TOOL_CALL_PARSERS.get(parser) if self._tool_specs else None  # a typo fails before sampling
+        call_tool = getattr(env, "call_tool", None)
+        tool_calls = parse_errors = 0
+        max_turns = int(self.args.get("max_turns", self.default_max_turns))
         sampling = {k: v for k, v in self.task.rollout_args.items() if k != "n"}
         if not sampling.get("max_tokens"):
             raise ValueError(
@@ -87,11 +134,11 @@ class MultiTurnWorkflow(WorkflowBase):
         budget = int(self.args.get("max_response_tokens", per_turn * max_turns))
 
         first = str(await _maybe_await(env.reset(self.task)))
-        messages: list[dict[str, str]] = []
+        messages: list[dict[str, Any]] = []
         if system := self.task.system_prompt():
             messages.append({"role": "system", "content": system})
         messages.append({"role": "user", "content": first})
-        prompt_text = self.model.render(messages)
+        prompt_text = self._render(messages)
         prompt, _ = self.model.fit_prompt(self.model.encode_text(prompt_text))
         rendered = prompt_text
         response: list[int] = []
@@ -105,13 +152,25 @@ class MultiTurnWorkflow(WorkflowBase):
             response += out.token_ids
             mask += [True] * len(out.token_ids)
             logprobs.append(out.logprobs)
+            # the model's text as it said it (tool-call tags included): the next prompt extends it exactly
             messages.append({"role": "assistant", "content": out.text})
-            observation, reward, done = await _maybe_await(env.step(out.text))
-            total_reward += float(reward)
             turns = turn + 1
-            if done or turn == max_turns - 1:
-                break
-            messages.append({"role": "user", "content": str(observation)})
+            parsed = parse(out.text) if parse is not None else None
+            if parsed is not None:
+                parse_errors += parsed.parse_errors
+            if parsed is not None and parsed.tool_calls and call_tool is not None:
+                tool_calls += len(parsed.tool_calls)
+                for call in parsed.tool_calls:
+                    result = await _maybe_await(call_tool(call))
+                    messages.append({"role": "tool", "tool_call_id": call.id, "content": str(result)})
+                if turn == max_turns - 1:
+                    break
+            else:
+                observation, reward, done = await _maybe_await(env.step(out.text))
+                total_reward += float(reward)
+                if done or turn == max_turns - 1:
+                    break
+                messages.append({"role": "user", "content": str(observation)})
             obs_ids, rendered = self._observation_tokens(messages, rendered, out.token_ids, out.text)
             if len(response) + len(obs_ids) >= budget:
                 break
@@ -130,18 +189,26 @@ class MultiTurnWorkflow(WorkflowBase):
             response_text="\n".join(m["content"] for m in messages[1:]),
             metrics={"reward": total_reward, "turns": float(turns), "response_length": float(len(response))},
         )
+        if self._tool_specs:
+            exp.metrics |= {"tool_calls": float(tool_calls), "tool_parse_errors": float(parse_errors)}
         exp.metrics["accuracy"] = float(total_reward >= float(self.args.get("correct_threshold", 1.0)))
         return [exp]
 
     def _observation_tokens(
-        self, messages: list[dict[str, str]], rendered: str, action_ids: list[int], action_text: str
+        self, messages: list[dict[str, Any]], rendered: str, action_ids: list[int], action_text: str
     ) -> tuple[list[int], str]:
         """Tokens of the template text between the model's last turn and its next one: the conversation
         rendered with the new observation, minus what the model has already seen or said."""
-        after = self.model.render(messages, add_generation_prompt=True)
+        after = self._render(messages, add_generation_prompt=True)
         said = self.model.tokenizer.decode(action_ids, skip_special_tokens=False)
         for prefix in (rendered + said, rendered + action_text):
             if after.startswith(prefix):
                 return self.model.encode_text(after[len(prefix) :]), after
-        # the template rewrites history (e.g. strips thinking): append the new message on its own
-        return self.model.encode_messages(messages[-1:]), after
+        # the template rewrites history (e.g. strips thinking): append the new messages on their own
+        last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+        tail = messages[last + 1 :]
+        if self._tool_specs:
+            text = render_prompt(self.model.tokenizer, tail, None, self.model.chat_template)
+        else:
+            text = self.model.render(tail)
+        return self.model.encode_text(text), after

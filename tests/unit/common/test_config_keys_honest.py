@@ -145,11 +145,6 @@ def test_every_listed_key_is_a_field_with_a_reason():
     [
         ("algorithm: {optimizer: {clip_grad: 0.5}}", "algorithm.optimizer.clip_grad", "trainer.grad_clip"),
         ("algorithm: {sample_strategy: mix}", "algorithm.sample_strategy", "staleness_control"),
-        (
-            "explorer: {rollout_model: {enable_openai_api: true}}",
-            "explorer.rollout_model.enable_openai_api",
-            "api_base",
-        ),
         ("explorer: {env_vars: {A: b}}", "explorer.env_vars", "environment of `rft run`"),
         ("model: {rope_theta: 5.0}", "model.rope_theta", "config.json"),
         ("trainer: {ulysses_sequence_parallel_size: 2}", "trainer.ulysses_sequence_parallel_size", ""),

@@ -53,7 +53,7 @@ def test_quickstart_stages_and_effective_config(tmp_path):
     assert checked.model.model_path == "/x/global_step_30/huggingface"
     assert checked.explorer.auto_start and checked.trainer.auto_start and not checked.stages
     assert {checked.services.buffer.port, checked.services.trainer.port} == {0}
-    assert set(WAVES) == {"both", "train", "explore", "bench"}
+    assert set(WAVES) == {"both", "train", "explore", "bench", "serve"}
 
 
 def test_child_env_drops_address_overrides_and_carries_the_token():

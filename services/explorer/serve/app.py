@@ -1,0 +1,157 @@
+"""The HTTP routes of the served endpoint (FastAPI), over `ServeBackend`.
+
+    POST /v1/chat/completions   OpenAI chat (stream, n, temperature, top_p, max_tokens, stop, logprobs,
+                                tools/tool_choice); the answer is recorded under the session
+    POST /v1/completions        OpenAI text completion (one prompt per request)
+    GET  /v1/models             the served model
+    GET  /health                liveness and the model version being served (no token needed)
+    POST /v1/feedback           {"session_id" | "response_id" [+ "choice_index"], "reward"}
+    POST /v1/commit             {"session_ids": [...]}: the sessions become experiences in the buffer
+
+A streamed answer (`stream: true`) is sampled whole first (the engines sample whole sequences), then
+sent as OpenAI chunks: the role, the content, tool calls, the finish reason, `[DONE]`.
+
+Session id of a call: the `X-Session-Id` request header, else the OpenAI `user` field, else
+`metadata.session_id`; with none, the call is a session of its own named by its response id. The
+answer repeats it in the `X-Session-Id` header and a `session_id` body field.
+
+As the gRPC services: with `services.auth_token` (RFT_AUTH_TOKEN) set, every route but /health needs
+`Authorization: Bearer <token>` (401 otherwise). Bodies above `explorer.serve.max_body_bytes` get 413.
+Every error is `{"error": {"message", "type", "param", "code"}}` with the field in `param`.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException
+
+from services.explorer.serve import responses
+from services.explorer.serve.backend import ServeBackend
+from services.explorer.serve.protocol import (
+    ChatRequest,
+    CommitRequest,
+    CompletionRequest,
+    FeedbackRequest,
+    ServeError,
+    check_chat,
+)
+from services.explorer.serve.sessions import SessionError
+
+
+def _param(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+async def _parse(request: Request, model: type[BaseModel], max_bytes: int) -> Any:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > max_bytes:
+        raise ServeError(
+            413, f"the body is {declared} bytes, above explorer.serve.max_body_bytes ({max_bytes})"
+        )
+    body = b""
+    async for part in request.stream():
+        body += part
+        if len(body) > max_bytes:
+            raise ServeError(413, f"the body is above explorer.serve.max_body_bytes ({max_bytes})")
+    try:
+        return model.model_validate_json(body or b"{}")
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = _param(tuple(err["loc"])) or "body"
+        raise ServeError(400, f"{where}: {err['msg']}", where, err["type"]) from None
+
+
+def _session(request: Request, body: Any) -> str | None:
+    sid = request.headers.get("x-session-id") or body.user or (body.metadata or {}).get("session_id")
+    if sid is not None and not 0 < len(sid) <= 256:
+        raise ServeError(400, "session id: 1 to 256 characters", "X-Session-Id")
+    return sid
+
+
+def build_app(backend: ServeBackend, auth_token: str | None = None) -> FastAPI:
+    app = FastAPI(title="RFT Mesh serve", docs_url=None, redoc_url=None, openapi_url=None)
+    cfg = backend.cfg
+    expected = f"Bearer {auth_token}".encode() if auth_token else None
+
+    @app.middleware("http")
+    async def _auth(request: Request, call_next):
+        if expected is not None and request.url.path != "/health":
+            given = request.headers.get("authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                err = ServeError(401, "missing or wrong bearer token (services.auth_token)", "Authorization",
+                                 "invalid_api_key")  # fmt: skip
+                return JSONResponse(err.body(), status_code=401)
+        return await call_next(request)
+
+    @app.exception_handler(ServeError)
+    async def _serve_error(_request: Request, exc: ServeError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(SessionError)
+    async def _session_error(_request: Request, exc: SessionError) -> JSONResponse:
+        err = ServeError(exc.status, str(exc), exc.param, exc.code or None)
+        return JSONResponse(err.body(), status_code=exc.status)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        err = ServeError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}")
+        return JSONResponse(err.body(), status_code=exc.status_code)
+
+    def _answer(body: Any, sid: str, stream: bool = False) -> Any:
+        headers = {"X-Session-Id": sid}
+        if stream:
+            return StreamingResponse(body, media_type="text/event-stream", headers=headers)
+        return JSONResponse(body, headers=headers)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": backend.model_name, "model_version": backend.model_version}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        card = {"id": backend.model_name, "object": "model", "created": 0, "owned_by": "rft-mesh"}
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Any:
+        req = await _parse(request, ChatRequest, cfg.max_body_bytes)
+        check_chat(req, cfg.max_n)
+        call, sid, answers = await backend.chat(req, _session(request, req))
+        name = backend.model_name
+        if req.stream:
+            usage = bool((req.stream_options or {}).get("include_usage"))
+            return _answer(responses.chat_chunks(call, sid, answers, name, req.logprobs, usage), sid, True)
+        return _answer(responses.chat_body(call, sid, answers, name, req.logprobs), sid)
+
+    @app.post("/v1/completions")
+    async def complete(request: Request) -> Any:
+        req = await _parse(request, CompletionRequest, cfg.max_body_bytes)
+        if req.n > cfg.max_n:
+            raise ServeError(
+                400, f"n: {req.n} is above this server's limit {cfg.max_n} (explorer.serve.max_n)", "n"
+            )
+        call, sid, answers = await backend.complete(req, _session(request, req))
+        if req.stream:
+            return _answer(responses.completion_chunks(call, sid, answers, backend.model_name), sid, True)
+        return _answer(responses.completion_body(call, sid, answers, backend.model_name), sid)
+
+    @app.post("/v1/feedback")
+    async def feedback(request: Request) -> dict[str, Any]:
+        req = await _parse(request, FeedbackRequest, cfg.max_body_bytes)
+        sid = backend.feedback(req.reward, req.session_id, req.response_id, req.choice_index)
+        return {"session_id": sid, "reward": req.reward}
+
+    @app.post("/v1/commit")
+    async def commit(request: Request) -> dict[str, Any]:
+        req = await _parse(request, CommitRequest, cfg.max_body_bytes)
+        return await backend.commit(req.session_ids)
+
+    return app

@@ -1,0 +1,244 @@
+"""The served endpoint (mode serve) on a real HTTP server on port 0 with the hf engine on the tiny
+model, driven by the official `openai` client: chat (whole and streamed), n > 1, logprobs, errors in
+the OpenAI shape, the bearer token, feedback and commit into experiences with the model's tokens
+masked in; and the same Feedback/Commit over gRPC."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import grpc
+import httpx2
+import openai
+import pytest
+import torch
+from rft.v1 import explorer_pb2, explorer_pb2_grpc
+
+from services.common.config import load_config
+from services.common.rpc import create_channel, start_server
+from services.common.tiny_model import make_tiny_model
+from services.explorer.serve import responses
+from services.explorer.serve.service import Endpoint
+from services.explorer.service import build_core
+from services.explorer.servicer import ExplorerServicer, registration
+from services.explorer.sink import MemorySink
+
+TOKEN = "s3cret-token"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    torch.set_num_threads(1)
+    return make_tiny_model(tmp_path_factory.mktemp("serve") / "model")
+
+
+@pytest.fixture
+async def served(tmp_path, model_dir):
+    config = load_config(
+        text=f"""
+mode: serve
+checkpoint_root_dir: {tmp_path}/ckpt
+model: {{model_path: {model_dir}, max_response_tokens: 8, max_prompt_tokens: 600}}
+explorer: {{serve: {{max_tokens: 8, max_body_bytes: 8192, max_n: 4}}, rollout_model: {{micro_batch_size: 8}}}}
+monitor: {{monitor_type: none}}
+services: {{auth_token: {TOKEN}}}
+"""
+    )
+    sink = MemorySink()
+    core = await build_core(config, sink=sink)
+    endpoint = Endpoint(config, core)
+    endpoint.start()
+    client = openai.AsyncOpenAI(base_url=endpoint.http.url, api_key=TOKEN, max_retries=0)
+    try:
+        yield endpoint, client, sink, core
+    finally:
+        await client.close()
+        await endpoint.stop()
+        await core.close()
+
+
+def _tokens(exp) -> list[int]:
+    return exp.tokens.tolist()
+
+
+async def test_a_conversation_with_feedback_and_commit_becomes_one_masked_experience(served):
+    endpoint, client, sink, _ = served
+    url = (endpoint.run_dir / "serve.url").read_text().strip()
+    assert url == endpoint.http.url and url.startswith("http://127.0.0.1:")
+    head = {"X-Session-Id": "conv-1"}
+    messages = [{"role": "user", "content": "what is 2 plus 3"}]
+    first = await client.chat.completions.create(
+        model="policy", messages=messages, max_tokens=5, logprobs=True, extra_headers=head
+    )
+    assert first.model_extra["session_id"] == "conv-1"
+    lp = first.choices[0].logprobs.content
+    assert len(lp) == first.usage.completion_tokens > 0 and all(t.logprob <= 0 for t in lp)
+    messages += [{"role": "assistant", "content": first.choices[0].message.content},
+                 {"role": "user", "content": "and times 2"}]  # fmt: skip
+    second = await client.chat.completions.create(
+        model="policy", messages=messages, max_tokens=4, extra_headers=head
+    )
+    await client.post("/feedback", body={"session_id": "conv-1", "reward": 0.5}, cast_to=httpx2.Response)
+    done = await client.post("/commit", body={"session_ids": ["conv-1"]}, cast_to=httpx2.Response)
+    assert done.json()["experiences"] == 1 and done.json()["committed"] == ["conv-1"]
+    [exp] = sink.experiences
+    n1, n2 = first.usage.completion_tokens, second.usage.completion_tokens
+    prompt = first.usage.prompt_tokens
+    assert exp.prompt_length == prompt and exp.reward == 0.5
+    assert len(_tokens(exp)) == second.usage.prompt_tokens + n2
+    mask = exp.action_mask.tolist()
+    between = second.usage.prompt_tokens - prompt - n1
+    assert between > 0 and mask == [True] * n1 + [False] * between + [True] * n2
+    assert torch.allclose(exp.logprobs[:n1], torch.tensor([t.logprob for t in lp]))
+    assert (exp.logprobs[n1 : n1 + between] == 0).all()
+    # exactly once
+    with pytest.raises(openai.ConflictError) as err:
+        await client.post("/commit", body={"session_ids": ["conv-1"]}, cast_to=httpx2.Response)
+    assert err.value.body["code"] == "committed" and err.value.body["param"] == "session_ids"
+    assert len(sink.experiences) == 1
+
+
+async def test_n_choices_stream_and_per_choice_rewards(served):
+    _, client, sink, _ = served
+    resp = await client.chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": "count to three"}], n=3, max_tokens=4,
+        temperature=1.0, user="grp",
+    )  # fmt: skip
+    assert [c.index for c in resp.choices] == [0, 1, 2]
+    for i in range(3):
+        await client.post("/feedback", body={"response_id": resp.id, "choice_index": i, "reward": float(i)},
+                          cast_to=httpx2.Response)  # fmt: skip
+    stream = await client.chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": "hello"}], max_tokens=4, stream=True,
+        stream_options={"include_usage": True}, extra_headers={"X-Session-Id": "streamed"},
+    )  # fmt: skip
+    text, finish, usage = "", None, None
+    async for chunk in stream:
+        if chunk.usage:
+            usage = chunk.usage
+        for c in chunk.choices:
+            text += c.delta.content or ""
+            finish = c.finish_reason or finish
+    assert finish in ("stop", "length") and usage is not None and usage.completion_tokens > 0
+    await client.post("/feedback", body={"session_id": "streamed", "reward": 1.0}, cast_to=httpx2.Response)
+    await client.post("/commit", body={"session_ids": ["grp", "streamed"]}, cast_to=httpx2.Response)
+    group = sink.experiences[:3]
+    assert [e.reward for e in group] == [0.0, 1.0, 2.0] and len({e.eid.group_id for e in group}) == 1
+    assert sink.experiences[3].info["session_id"] == "streamed"
+    assert sink.experiences[3].response_length == usage.completion_tokens
+
+
+async def test_completions_models_and_health(served):
+    endpoint, client, _, _ = served
+    done = await client.completions.create(model="policy", prompt="the answer is", max_tokens=3)
+    assert done.choices[0].finish_reason in ("stop", "length") and done.usage.completion_tokens <= 3
+    assert endpoint.backend.store.sessions[done.id].calls[0].prompt_text == "the answer is"
+    chunks = [
+        c async for c in await client.completions.create(model="p", prompt="the", max_tokens=2, stream=True)
+    ]
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+    assert "".join(c.choices[0].text for c in chunks) == chunks[0].choices[0].text
+    models = await client.models.list()
+    assert [m.id for m in models.data] == [endpoint.backend.model_name]
+    async with httpx2.AsyncClient() as http:  # /health needs no token
+        health = await http.get(endpoint.http.url.removesuffix("/v1") + "/health")
+    assert health.json()["status"] == "ok" and health.json()["model_version"] == 0
+
+
+async def test_errors_name_the_field_and_nothing_is_recorded(served):
+    endpoint, client, _, _ = served
+    msgs = [{"role": "user", "content": "hi"}]
+    cases = [
+        (dict(max_tokens=9), "max_tokens", "explorer.serve.max_tokens"),
+        (dict(n=5), "n", "explorer.serve.max_n"),
+        (dict(temperature=-1), "temperature", "greater than or equal"),
+        (dict(logprobs=True, top_logprobs=2), "top_logprobs", "sampled token"),
+        (dict(extra_body={"messages": [{"role": "wizard", "content": "x"}]}), "messages[0].role", "wizard"),
+    ]
+    for kwargs, param, words in cases:
+        with pytest.raises(openai.BadRequestError) as err:
+            await client.chat.completions.create(model="p", messages=msgs, **kwargs)
+        assert err.value.body["param"] == param and words in err.value.body["message"], err.value.body
+        assert err.value.body["type"] == "invalid_request_error"
+    long = [{"role": "user", "content": "the sum of " * 500}]
+    with pytest.raises(openai.BadRequestError) as err:
+        await client.chat.completions.create(model="p", messages=long, max_tokens=2)
+    assert err.value.body["code"] == "context_length_exceeded" and err.value.body["param"] == "messages"
+    big = [{"role": "user", "content": "x" * 9000}]
+    with pytest.raises(openai.APIStatusError) as err:
+        await client.chat.completions.create(model="p", messages=big)
+    assert err.value.status_code == 413
+    with pytest.raises(openai.NotFoundError) as err:
+        await client.post("/commit", body={"session_ids": ["never-seen"]}, cast_to=httpx2.Response)
+    assert "never-seen" in err.value.body["message"]
+    assert endpoint.backend.store.sessions == {}
+    bad = openai.AsyncOpenAI(base_url=endpoint.http.url, api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as err:
+        await bad.chat.completions.create(model="p", messages=msgs)
+    assert err.value.body["param"] == "Authorization"
+    await bad.close()
+
+
+async def test_unrewarded_commit_is_refused_and_grpc_feedback_commit_work(served):
+    endpoint, client, sink, core = served
+    resp = await client.chat.completions.create(
+        model="p",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=3,
+        extra_headers={"X-Session-Id": "g"},
+    )
+    with pytest.raises(openai.BadRequestError) as err:
+        await client.post("/commit", body={"session_ids": ["g"]}, cast_to=httpx2.Response)
+    assert err.value.body["code"] == "unrewarded" and "'g'" in err.value.body["message"]
+    server = await start_server(
+        [registration(ExplorerServicer(core, serve=endpoint.backend))], auth_token=TOKEN
+    )
+    channel = create_channel(server.address, auth_token=TOKEN, timeout_s=10)
+    stub = explorer_pb2_grpc.ExplorerServiceStub(channel)
+    try:
+        fb = await stub.Feedback(explorer_pb2.ServeFeedbackRequest(response_id=resp.id, reward=2.0))
+        assert fb.session_id == "g"
+        out = await stub.Commit(explorer_pb2.ServeCommitRequest(session_ids=["g"]))
+        assert out.experiences == 1 and list(out.committed) == ["g"] and list(out.model_versions) == [0]
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.Commit(explorer_pb2.ServeCommitRequest(session_ids=["g"]))
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.Commit(explorer_pb2.ServeCommitRequest(session_ids=["nope"]))
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND and "nope" in err.value.details()
+    finally:
+        await channel.close()
+        await server.stop(0)
+    assert sink.experiences[-1].reward == 2.0
+
+
+async def test_tools_are_rendered_into_the_prompt_and_tool_calls_parsed(served):
+    endpoint, client, _, _ = served
+    tools = [{"type": "function", "function": {"name": "calculator", "description": "adds",
+              "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}}]  # fmt: skip
+    resp = await client.chat.completions.create(
+        model="p", messages=[{"role": "user", "content": "3+4?"}], tools=tools, max_tokens=3, user="tools"
+    )
+    [call] = endpoint.backend.store.sessions["tools"].calls
+    assert "calculator" in call.prompt_text and resp.choices[0].finish_reason in (
+        "stop",
+        "length",
+        "tool_calls",
+    )
+    # a reply in the hermes format comes back as OpenAI tool_calls (the tiny model cannot write one)
+    choice = call.choices[0]
+    choice.text = 'ok <tool_call>\n{"name": "calculator", "arguments": {"expression": "3+4"}}\n</tool_call>'
+    [answer] = endpoint.backend._answers(endpoint.backend._model(), [choice], tools=True)
+    body = responses.chat_body(call, "tools", [answer], "p", logprobs=False)
+    message = body["choices"][0]["message"]
+    assert body["choices"][0]["finish_reason"] == "tool_calls" and message["content"] == "ok"
+    [tc] = message["tool_calls"]
+    assert tc["type"] == "function" and tc["function"]["name"] == "calculator"
+    assert json.loads(tc["function"]["arguments"]) == {"expression": "3+4"} and tc["id"].startswith("call_")
+    with pytest.raises(openai.BadRequestError) as err:
+        await client.chat.completions.create(
+            model="p", messages=[{"role": "user", "content": "x"}], tools=tools,
+            tool_choice={"type": "function", "function": {"name": "calculator"}},
+        )  # fmt: skip
+    assert err.value.body["param"] == "tool_choice"
