@@ -4,15 +4,18 @@
 # source: rft/v1/explorer.proto
 # Protobuf Python Version: 7.35.1
 """Generated protocol buffer code."""
-
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import descriptor_pool as _descriptor_pool
 from google.protobuf import runtime_version as _runtime_version
 from google.protobuf import symbol_database as _symbol_database
 from google.protobuf.internal import builder as _builder
-
 _runtime_version.ValidateProtobufRuntimeVersion(
-    _runtime_version.Domain.PUBLIC, 7, 35, 1, "", "rft/v1/explorer.proto"
+    _runtime_version.Domain.PUBLIC,
+    7,
+    35,
+    1,
+    '',
+    'rft/v1/explorer.proto'
 )
 # @@protoc_insertion_point(imports)
 
@@ -22,67 +25,65 @@ _sym_db = _symbol_database.Default()
 from rft.v1 import common_pb2 as rft_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(
-    b'\n\x15rft/v1/explorer.proto\x12\x06rft.v1\x1a\x13rft/v1/common.proto"{\n\x14ServeFeedbackRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0bresponse_id\x18\x02 \x01(\t\x12\x0e\n\x06reward\x18\x03 \x01(\x01\x12\x19\n\x0c\x63hoice_index\x18\x04 \x01(\x05H\x00\x88\x01\x01\x42\x0f\n\r_choice_index"+\n\x15ServeFeedbackResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t")\n\x12ServeCommitRequest\x12\x13\n\x0bsession_ids\x18\x01 \x03(\t"U\n\x13ServeCommitResponse\x12\x11\n\tcommitted\x18\x01 \x03(\t\x12\x13\n\x0b\x65xperiences\x18\x02 \x01(\x03\x12\x16\n\x0emodel_versions\x18\x03 \x03(\x03"\x1f\n\x0e\x45xploreRequest\x12\r\n\x05steps\x18\x01 \x01(\x05"\xb7\x01\n\x0f\x45xploreResponse\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x13\n\x0b\x65xperiences\x18\x02 \x01(\x03\x12\x35\n\x07metrics\x18\x03 \x03(\x0b\x32$.rft.v1.ExploreResponse.MetricsEntry\x12\x1a\n\x12\x63ontinue_exploring\x18\x04 \x01(\x08\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01"\x1f\n\x0b\x45valRequest\x12\x10\n\x08tasksets\x18\x01 \x03(\t"\x80\x01\n\x0c\x45valResponse\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x32\n\x07metrics\x18\x02 \x03(\x0b\x32!.rft.v1.EvalResponse.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01"f\n#ExplorerSetupWeightSyncGroupRequest\x12*\n\x05group\x18\x01 \x01(\x0b\x32\x1b.rft.v1.WeightSyncGroupInfo\x12\x13\n\x0brank_offset\x18\x02 \x01(\x05"5\n$ExplorerSetupWeightSyncGroupResponse\x12\r\n\x05ranks\x18\x01 \x03(\x05"<\n&ExplorerTeardownWeightSyncGroupRequest\x12\x12\n\ngeneration\x18\x01 \x01(\x03")\n\'ExplorerTeardownWeightSyncGroupResponse"K\n\x13LoadWeightsResponse\x12%\n\x07version\x18\x01 \x01(\x0b\x32\x14.rft.v1.ModelVersion\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03"0\n\x1d\x45xplorerReceiveWeightsRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03"6\n\x0c\x42\x65nchRequest\x12\x13\n\x0blatest_only\x18\x01 \x01(\x08\x12\x11\n\tskip_base\x18\x02 \x01(\x08"6\n\rBenchResponse\x12%\n\x07results\x18\x01 \x03(\x0b\x32\x14.rft.v1.EvalResponse"\x17\n\x15\x45xplorerStatusRequest"\x92\x02\n\x0e\x45xplorerStatus\x12\x13\n\x0b\x65xplorer_id\x18\x01 \x01(\t\x12$\n\x06status\x18\x02 \x01(\x0e\x32\x14.rft.v1.MemberStatus\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12+\n\rmodel_version\x18\x04 \x01(\x0b\x32\x14.rft.v1.ModelVersion\x12\x17\n\x0frollout_workers\x18\x05 \x01(\x05\x12=\n\x0clast_metrics\x18\x06 \x03(\x0b\x32\'.rft.v1.ExplorerStatus.LastMetricsEntry\x1a\x32\n\x10LastMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01"\x19\n\x17\x45xplorerShutdownRequest"\x1a\n\x18\x45xplorerShutdownResponse2\xda\x06\n\x0f\x45xplorerService\x12:\n\x07\x45xplore\x12\x16.rft.v1.ExploreRequest\x1a\x17.rft.v1.ExploreResponse\x12\x31\n\x04\x45val\x12\x13.rft.v1.EvalRequest\x1a\x14.rft.v1.EvalResponse\x12q\n\x14SetupWeightSyncGroup\x12+.rft.v1.ExplorerSetupWeightSyncGroupRequest\x1a,.rft.v1.ExplorerSetupWeightSyncGroupResponse\x12z\n\x17TeardownWeightSyncGroup\x12..rft.v1.ExplorerTeardownWeightSyncGroupRequest\x1a/.rft.v1.ExplorerTeardownWeightSyncGroupResponse\x12\x41\n\x0bLoadWeights\x12\x13.rft.v1.WeightChunk\x1a\x1b.rft.v1.LoadWeightsResponse(\x01\x12T\n\x0eReceiveWeights\x12%.rft.v1.ExplorerReceiveWeightsRequest\x1a\x1b.rft.v1.LoadWeightsResponse\x12\x34\n\x05\x42\x65nch\x12\x14.rft.v1.BenchRequest\x1a\x15.rft.v1.BenchResponse\x12?\n\x06Status\x12\x1d.rft.v1.ExplorerStatusRequest\x1a\x16.rft.v1.ExplorerStatus\x12M\n\x08Shutdown\x12\x1f.rft.v1.ExplorerShutdownRequest\x1a .rft.v1.ExplorerShutdownResponse\x12G\n\x08\x46\x65\x65\x64\x62\x61\x63k\x12\x1c.rft.v1.ServeFeedbackRequest\x1a\x1d.rft.v1.ServeFeedbackResponse\x12\x41\n\x06\x43ommit\x12\x1a.rft.v1.ServeCommitRequest\x1a\x1b.rft.v1.ServeCommitResponseb\x06proto3'
-)
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15rft/v1/explorer.proto\x12\x06rft.v1\x1a\x13rft/v1/common.proto\"{\n\x14ServeFeedbackRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0bresponse_id\x18\x02 \x01(\t\x12\x0e\n\x06reward\x18\x03 \x01(\x01\x12\x19\n\x0c\x63hoice_index\x18\x04 \x01(\x05H\x00\x88\x01\x01\x42\x0f\n\r_choice_index\"+\n\x15ServeFeedbackResponse\x12\x12\n\nsession_id\x18\x01 \x01(\t\")\n\x12ServeCommitRequest\x12\x13\n\x0bsession_ids\x18\x01 \x03(\t\"U\n\x13ServeCommitResponse\x12\x11\n\tcommitted\x18\x01 \x03(\t\x12\x13\n\x0b\x65xperiences\x18\x02 \x01(\x03\x12\x16\n\x0emodel_versions\x18\x03 \x03(\x03\"\x1f\n\x0e\x45xploreRequest\x12\r\n\x05steps\x18\x01 \x01(\x05\"\xb7\x01\n\x0f\x45xploreResponse\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x13\n\x0b\x65xperiences\x18\x02 \x01(\x03\x12\x35\n\x07metrics\x18\x03 \x03(\x0b\x32$.rft.v1.ExploreResponse.MetricsEntry\x12\x1a\n\x12\x63ontinue_exploring\x18\x04 \x01(\x08\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x1f\n\x0b\x45valRequest\x12\x10\n\x08tasksets\x18\x01 \x03(\t\"\x80\x01\n\x0c\x45valResponse\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x32\n\x07metrics\x18\x02 \x03(\x0b\x32!.rft.v1.EvalResponse.MetricsEntry\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"f\n#ExplorerSetupWeightSyncGroupRequest\x12*\n\x05group\x18\x01 \x01(\x0b\x32\x1b.rft.v1.WeightSyncGroupInfo\x12\x13\n\x0brank_offset\x18\x02 \x01(\x05\"5\n$ExplorerSetupWeightSyncGroupResponse\x12\r\n\x05ranks\x18\x01 \x03(\x05\"<\n&ExplorerTeardownWeightSyncGroupRequest\x12\x12\n\ngeneration\x18\x01 \x01(\x03\")\n\'ExplorerTeardownWeightSyncGroupResponse\"K\n\x13LoadWeightsResponse\x12%\n\x07version\x18\x01 \x01(\x0b\x32\x14.rft.v1.ModelVersion\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03\"0\n\x1d\x45xplorerReceiveWeightsRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\"6\n\x0c\x42\x65nchRequest\x12\x13\n\x0blatest_only\x18\x01 \x01(\x08\x12\x11\n\tskip_base\x18\x02 \x01(\x08\"6\n\rBenchResponse\x12%\n\x07results\x18\x01 \x03(\x0b\x32\x14.rft.v1.EvalResponse\"\x17\n\x15\x45xplorerStatusRequest\"\x92\x02\n\x0e\x45xplorerStatus\x12\x13\n\x0b\x65xplorer_id\x18\x01 \x01(\t\x12$\n\x06status\x18\x02 \x01(\x0e\x32\x14.rft.v1.MemberStatus\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12+\n\rmodel_version\x18\x04 \x01(\x0b\x32\x14.rft.v1.ModelVersion\x12\x17\n\x0frollout_workers\x18\x05 \x01(\x05\x12=\n\x0clast_metrics\x18\x06 \x03(\x0b\x32\'.rft.v1.ExplorerStatus.LastMetricsEntry\x1a\x32\n\x10LastMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x19\n\x17\x45xplorerShutdownRequest\"\x1a\n\x18\x45xplorerShutdownResponse2\xda\x06\n\x0f\x45xplorerService\x12:\n\x07\x45xplore\x12\x16.rft.v1.ExploreRequest\x1a\x17.rft.v1.ExploreResponse\x12\x31\n\x04\x45val\x12\x13.rft.v1.EvalRequest\x1a\x14.rft.v1.EvalResponse\x12q\n\x14SetupWeightSyncGroup\x12+.rft.v1.ExplorerSetupWeightSyncGroupRequest\x1a,.rft.v1.ExplorerSetupWeightSyncGroupResponse\x12z\n\x17TeardownWeightSyncGroup\x12..rft.v1.ExplorerTeardownWeightSyncGroupRequest\x1a/.rft.v1.ExplorerTeardownWeightSyncGroupResponse\x12\x41\n\x0bLoadWeights\x12\x13.rft.v1.WeightChunk\x1a\x1b.rft.v1.LoadWeightsResponse(\x01\x12T\n\x0eReceiveWeights\x12%.rft.v1.ExplorerReceiveWeightsRequest\x1a\x1b.rft.v1.LoadWeightsResponse\x12\x34\n\x05\x42\x65nch\x12\x14.rft.v1.BenchRequest\x1a\x15.rft.v1.BenchResponse\x12?\n\x06Status\x12\x1d.rft.v1.ExplorerStatusRequest\x1a\x16.rft.v1.ExplorerStatus\x12M\n\x08Shutdown\x12\x1f.rft.v1.ExplorerShutdownRequest\x1a .rft.v1.ExplorerShutdownResponse\x12G\n\x08\x46\x65\x65\x64\x62\x61\x63k\x12\x1c.rft.v1.ServeFeedbackRequest\x1a\x1d.rft.v1.ServeFeedbackResponse\x12\x41\n\x06\x43ommit\x12\x1a.rft.v1.ServeCommitRequest\x1a\x1b.rft.v1.ServeCommitResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
-_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, "rft.v1.explorer_pb2", _globals)
+_builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rft.v1.explorer_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
-    DESCRIPTOR._loaded_options = None
-    _globals["_EXPLORERESPONSE_METRICSENTRY"]._loaded_options = None
-    _globals["_EXPLORERESPONSE_METRICSENTRY"]._serialized_options = b"8\001"
-    _globals["_EVALRESPONSE_METRICSENTRY"]._loaded_options = None
-    _globals["_EVALRESPONSE_METRICSENTRY"]._serialized_options = b"8\001"
-    _globals["_EXPLORERSTATUS_LASTMETRICSENTRY"]._loaded_options = None
-    _globals["_EXPLORERSTATUS_LASTMETRICSENTRY"]._serialized_options = b"8\001"
-    _globals["_SERVEFEEDBACKREQUEST"]._serialized_start = 54
-    _globals["_SERVEFEEDBACKREQUEST"]._serialized_end = 177
-    _globals["_SERVEFEEDBACKRESPONSE"]._serialized_start = 179
-    _globals["_SERVEFEEDBACKRESPONSE"]._serialized_end = 222
-    _globals["_SERVECOMMITREQUEST"]._serialized_start = 224
-    _globals["_SERVECOMMITREQUEST"]._serialized_end = 265
-    _globals["_SERVECOMMITRESPONSE"]._serialized_start = 267
-    _globals["_SERVECOMMITRESPONSE"]._serialized_end = 352
-    _globals["_EXPLOREREQUEST"]._serialized_start = 354
-    _globals["_EXPLOREREQUEST"]._serialized_end = 385
-    _globals["_EXPLORERESPONSE"]._serialized_start = 388
-    _globals["_EXPLORERESPONSE"]._serialized_end = 571
-    _globals["_EXPLORERESPONSE_METRICSENTRY"]._serialized_start = 525
-    _globals["_EXPLORERESPONSE_METRICSENTRY"]._serialized_end = 571
-    _globals["_EVALREQUEST"]._serialized_start = 573
-    _globals["_EVALREQUEST"]._serialized_end = 604
-    _globals["_EVALRESPONSE"]._serialized_start = 607
-    _globals["_EVALRESPONSE"]._serialized_end = 735
-    _globals["_EVALRESPONSE_METRICSENTRY"]._serialized_start = 525
-    _globals["_EVALRESPONSE_METRICSENTRY"]._serialized_end = 571
-    _globals["_EXPLORERSETUPWEIGHTSYNCGROUPREQUEST"]._serialized_start = 737
-    _globals["_EXPLORERSETUPWEIGHTSYNCGROUPREQUEST"]._serialized_end = 839
-    _globals["_EXPLORERSETUPWEIGHTSYNCGROUPRESPONSE"]._serialized_start = 841
-    _globals["_EXPLORERSETUPWEIGHTSYNCGROUPRESPONSE"]._serialized_end = 894
-    _globals["_EXPLORERTEARDOWNWEIGHTSYNCGROUPREQUEST"]._serialized_start = 896
-    _globals["_EXPLORERTEARDOWNWEIGHTSYNCGROUPREQUEST"]._serialized_end = 956
-    _globals["_EXPLORERTEARDOWNWEIGHTSYNCGROUPRESPONSE"]._serialized_start = 958
-    _globals["_EXPLORERTEARDOWNWEIGHTSYNCGROUPRESPONSE"]._serialized_end = 999
-    _globals["_LOADWEIGHTSRESPONSE"]._serialized_start = 1001
-    _globals["_LOADWEIGHTSRESPONSE"]._serialized_end = 1076
-    _globals["_EXPLORERRECEIVEWEIGHTSREQUEST"]._serialized_start = 1078
-    _globals["_EXPLORERRECEIVEWEIGHTSREQUEST"]._serialized_end = 1126
-    _globals["_BENCHREQUEST"]._serialized_start = 1128
-    _globals["_BENCHREQUEST"]._serialized_end = 1182
-    _globals["_BENCHRESPONSE"]._serialized_start = 1184
-    _globals["_BENCHRESPONSE"]._serialized_end = 1238
-    _globals["_EXPLORERSTATUSREQUEST"]._serialized_start = 1240
-    _globals["_EXPLORERSTATUSREQUEST"]._serialized_end = 1263
-    _globals["_EXPLORERSTATUS"]._serialized_start = 1266
-    _globals["_EXPLORERSTATUS"]._serialized_end = 1540
-    _globals["_EXPLORERSTATUS_LASTMETRICSENTRY"]._serialized_start = 1490
-    _globals["_EXPLORERSTATUS_LASTMETRICSENTRY"]._serialized_end = 1540
-    _globals["_EXPLORERSHUTDOWNREQUEST"]._serialized_start = 1542
-    _globals["_EXPLORERSHUTDOWNREQUEST"]._serialized_end = 1567
-    _globals["_EXPLORERSHUTDOWNRESPONSE"]._serialized_start = 1569
-    _globals["_EXPLORERSHUTDOWNRESPONSE"]._serialized_end = 1595
-    _globals["_EXPLORERSERVICE"]._serialized_start = 1598
-    _globals["_EXPLORERSERVICE"]._serialized_end = 2456
+  DESCRIPTOR._loaded_options = None
+  _globals['_EXPLORERESPONSE_METRICSENTRY']._loaded_options = None
+  _globals['_EXPLORERESPONSE_METRICSENTRY']._serialized_options = b'8\001'
+  _globals['_EVALRESPONSE_METRICSENTRY']._loaded_options = None
+  _globals['_EVALRESPONSE_METRICSENTRY']._serialized_options = b'8\001'
+  _globals['_EXPLORERSTATUS_LASTMETRICSENTRY']._loaded_options = None
+  _globals['_EXPLORERSTATUS_LASTMETRICSENTRY']._serialized_options = b'8\001'
+  _globals['_SERVEFEEDBACKREQUEST']._serialized_start=54
+  _globals['_SERVEFEEDBACKREQUEST']._serialized_end=177
+  _globals['_SERVEFEEDBACKRESPONSE']._serialized_start=179
+  _globals['_SERVEFEEDBACKRESPONSE']._serialized_end=222
+  _globals['_SERVECOMMITREQUEST']._serialized_start=224
+  _globals['_SERVECOMMITREQUEST']._serialized_end=265
+  _globals['_SERVECOMMITRESPONSE']._serialized_start=267
+  _globals['_SERVECOMMITRESPONSE']._serialized_end=352
+  _globals['_EXPLOREREQUEST']._serialized_start=354
+  _globals['_EXPLOREREQUEST']._serialized_end=385
+  _globals['_EXPLORERESPONSE']._serialized_start=388
+  _globals['_EXPLORERESPONSE']._serialized_end=571
+  _globals['_EXPLORERESPONSE_METRICSENTRY']._serialized_start=525
+  _globals['_EXPLORERESPONSE_METRICSENTRY']._serialized_end=571
+  _globals['_EVALREQUEST']._serialized_start=573
+  _globals['_EVALREQUEST']._serialized_end=604
+  _globals['_EVALRESPONSE']._serialized_start=607
+  _globals['_EVALRESPONSE']._serialized_end=735
+  _globals['_EVALRESPONSE_METRICSENTRY']._serialized_start=525
+  _globals['_EVALRESPONSE_METRICSENTRY']._serialized_end=571
+  _globals['_EXPLORERSETUPWEIGHTSYNCGROUPREQUEST']._serialized_start=737
+  _globals['_EXPLORERSETUPWEIGHTSYNCGROUPREQUEST']._serialized_end=839
+  _globals['_EXPLORERSETUPWEIGHTSYNCGROUPRESPONSE']._serialized_start=841
+  _globals['_EXPLORERSETUPWEIGHTSYNCGROUPRESPONSE']._serialized_end=894
+  _globals['_EXPLORERTEARDOWNWEIGHTSYNCGROUPREQUEST']._serialized_start=896
+  _globals['_EXPLORERTEARDOWNWEIGHTSYNCGROUPREQUEST']._serialized_end=956
+  _globals['_EXPLORERTEARDOWNWEIGHTSYNCGROUPRESPONSE']._serialized_start=958
+  _globals['_EXPLORERTEARDOWNWEIGHTSYNCGROUPRESPONSE']._serialized_end=999
+  _globals['_LOADWEIGHTSRESPONSE']._serialized_start=1001
+  _globals['_LOADWEIGHTSRESPONSE']._serialized_end=1076
+  _globals['_EXPLORERRECEIVEWEIGHTSREQUEST']._serialized_start=1078
+  _globals['_EXPLORERRECEIVEWEIGHTSREQUEST']._serialized_end=1126
+  _globals['_BENCHREQUEST']._serialized_start=1128
+  _globals['_BENCHREQUEST']._serialized_end=1182
+  _globals['_BENCHRESPONSE']._serialized_start=1184
+  _globals['_BENCHRESPONSE']._serialized_end=1238
+  _globals['_EXPLORERSTATUSREQUEST']._serialized_start=1240
+  _globals['_EXPLORERSTATUSREQUEST']._serialized_end=1263
+  _globals['_EXPLORERSTATUS']._serialized_start=1266
+  _globals['_EXPLORERSTATUS']._serialized_end=1540
+  _globals['_EXPLORERSTATUS_LASTMETRICSENTRY']._serialized_start=1490
+  _globals['_EXPLORERSTATUS_LASTMETRICSENTRY']._serialized_end=1540
+  _globals['_EXPLORERSHUTDOWNREQUEST']._serialized_start=1542
+  _globals['_EXPLORERSHUTDOWNREQUEST']._serialized_end=1567
+  _globals['_EXPLORERSHUTDOWNRESPONSE']._serialized_start=1569
+  _globals['_EXPLORERSHUTDOWNRESPONSE']._serialized_end=1595
+  _globals['_EXPLORERSERVICE']._serialized_start=1598
+  _globals['_EXPLORERSERVICE']._serialized_end=2456
 # @@protoc_insertion_point(module_scope)
