@@ -28,6 +28,7 @@ def redis_url():
         yield server.url
 
 
+@pytest.mark.timeout(600)  # the campaign's own deadline (420 s) reports the logs first
 def test_every_service_killed_once_nothing_lost_nothing_twice(tmp_path, redis_url):
     config, job = write_chaos_config(
         tmp_path, redis_url, total_steps=TOTAL, save_interval=4, prefix=f"chaos-{uuid.uuid4().hex[:6]}"
@@ -46,6 +47,7 @@ def test_every_service_killed_once_nothing_lost_nothing_twice(tmp_path, redis_ur
     assert out.count("restarting") >= len(kills), out[-3000:]
 
 
+@pytest.mark.timeout(450)
 def test_memory_store_a_killed_trainer_then_buffer_still_complete(tmp_path):
     """The memory store (`rft run`'s default): a killed trainer takes its consumer over in the living
     buffer; a killed buffer restarts the whole stage (its experiences died with it) and the explorer

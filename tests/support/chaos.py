@@ -140,13 +140,13 @@ def run_campaign(config: Path, job_dir: Path, kills: list[Kill], log: Path, time
         for kill in kills:
             marks.append(_kill_when_due(proc, config, job_dir, kill, t0 + timeout_s))
         code = proc.wait(max(1.0, t0 + timeout_s - time.monotonic()))
-    except (subprocess.TimeoutExpired, AssertionError):
+    except (subprocess.TimeoutExpired, AssertionError) as exc:
         proc.send_signal(signal.SIGINT)
         try:
             proc.wait(150)
         except subprocess.TimeoutExpired:
             proc.kill()
-        raise
+        raise AssertionError(f"{exc}; kills {kills}\n{log_tails(log, job_dir)}") from exc
     finally:
         clock.stop()
         if proc.poll() is None:
@@ -156,6 +156,16 @@ def run_campaign(config: Path, job_dir: Path, kills: list[Kill], log: Path, time
         seen = clock.first_after(lines)
         kill.resume_s = None if seen is None else round(max(0.0, seen - at), 2)
     return Campaign(kills, code, audit_job(job_dir), wall, log.read_text(errors="replace"))
+
+
+def log_tails(log: Path, job_dir: Path, lines: int = 25) -> str:
+    """The last lines of `rft run`'s output and of every service's log (why a campaign stalled)."""
+    parts = []
+    for path in [log, *sorted((job_dir / "log").glob("*.log"))]:
+        if path.exists():
+            tail = path.read_text(errors="replace").splitlines()[-lines:]
+            parts.append(f"--- {path.name}\n" + "\n".join(tail))
+    return "\n".join(parts)
 
 
 def _kill_when_due(
