@@ -125,7 +125,8 @@ class BufferClient:
     ) -> LeasedBatch:
         """Lease whole groups. A fenced consumer whose call failed in transport (the buffer died with
         the reply in flight: a lease may have been made) opens again keeping the leases it holds, so
-        that lost lease comes back, then asks again (until `retry_deadline_s`)."""
+        that lost lease comes back, then asks again (until `retry_deadline_s`); an unfenced one asks
+        again (its lost lease expires). gRPC itself never retries GetBatch (`rpc.client.NOT_RETRIED`)."""
 
         def request() -> buffer_pb2.GetBatchRequest:
             return buffer_pb2.GetBatchRequest(
@@ -146,7 +147,10 @@ class BufferClient:
                 resp = await self.stub.GetBatch(request(), timeout=timeout, wait_for_ready=True)
                 break
             except grpc.aio.AioRpcError as exc:
-                if not self.epoch:
+                if not self.epoch:  # an unfenced lease whose reply was lost expires with its deadline
+                    if exc.code() in RETRYABLE and loop.time() < deadline:
+                        await asyncio.sleep(0.1)  # ok-sleep: retry backoff after a transport failure
+                        continue
                     raise
                 if exc.code() == grpc.StatusCode.NOT_FOUND:  # the buffer lost its state (memory store)
                     await self.open_consumer()

@@ -1,5 +1,10 @@
 """One factory for client channels: 64 MiB messages, wait_for_ready, a default deadline, retries on UNAVAILABLE,
-optional TLS and bearer token."""
+optional TLS and bearer token.
+
+gRPC's retry policy re-sends a call whose server went away before answering, and the server may already
+have done the work: only idempotent methods get it. The methods in `NOT_RETRIED` change state on every
+call (a lease, a store without a sequence number, a step); a lost reply surfaces to their caller, which
+knows how to recover (a fenced buffer consumer opens again and gets the lost lease back)."""
 
 from __future__ import annotations
 
@@ -14,16 +19,26 @@ from services.common.rpc.auth import client_token_interceptors
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
 
 
+# Not idempotent: a retry after a lost reply would do the work twice (service -> methods).
+NOT_RETRIED: dict[str, tuple[str, ...]] = {
+    "rft.v1.BufferService": ("GetBatch", "Put", "PutExperiences"),
+    "rft.v1.ExplorerService": ("Explore", "Eval", "Bench"),
+    "rft.v1.TrainerService": ("TrainStep", "SyncWeights"),
+}
+
+
 def default_service_config(timeout_s: float = 30.0, max_attempts: int = 5) -> str:
-    """gRPC service config: every method waits for the server to be ready, has a deadline, and retries
-    UNAVAILABLE with exponential backoff."""
+    """gRPC service config: every method waits for the server to be ready and has a deadline; all but
+    `NOT_RETRIED` retry UNAVAILABLE with exponential backoff."""
+    timeout = f"{timeout_s:.3f}s"
+    once = [{"service": service, "method": m} for service, methods in NOT_RETRIED.items() for m in methods]
     return json.dumps(
         {
             "methodConfig": [
                 {
                     "name": [{}],
                     "waitForReady": True,
-                    "timeout": f"{timeout_s:.3f}s",
+                    "timeout": timeout,
                     "retryPolicy": {
                         "maxAttempts": max_attempts,
                         "initialBackoff": "0.1s",
@@ -31,7 +46,8 @@ def default_service_config(timeout_s: float = 30.0, max_attempts: int = 5) -> st
                         "backoffMultiplier": 2,
                         "retryableStatusCodes": ["UNAVAILABLE"],
                     },
-                }
+                },
+                {"name": once, "waitForReady": True, "timeout": timeout},
             ]
         }
     )
