@@ -3,7 +3,8 @@
 vLLM mixes this class into every GPU worker; the engine reaches its methods with `collective_rpc`.
 Each worker joins the weight-sync broadcast group as rank `rank_offset + worker rank` (the trainer's
 rank 0 sends), receives every tensor in full and hands it to the model's own `load_weights`, which
-shards it for tensor parallelism. No vLLM import here, so the module loads anywhere.
+shards it for tensor parallelism (passed positionally, as vLLM's own loader does: not every model names
+the parameter `weights`). No vLLM import here, so the module loads anywhere.
 """
 
 from __future__ import annotations
@@ -31,14 +32,14 @@ class WeightSyncExtension:
     def rft_receive(self, version: int) -> int:
         if self._rft_group is None:
             raise RuntimeError("rft_receive before rft_join_group")
-        loaded = self.model_runner.model.load_weights(weights=self._rft_group.receive(version))  # type: ignore[attr-defined]
+        loaded = self.model_runner.model.load_weights(self._rft_group.receive(version))  # type: ignore[attr-defined]
         torch.cuda.synchronize()
         return len(loaded or ())
 
     def rft_load_named(self, named: list[tuple[str, torch.Tensor]]) -> int:
         device = self.device  # type: ignore[attr-defined]
         weights = ((n, t.to(device, non_blocking=True)) for n, t in named)
-        loaded = self.model_runner.model.load_weights(weights=weights)  # type: ignore[attr-defined]
+        loaded = self.model_runner.model.load_weights(weights)  # type: ignore[attr-defined]
         torch.cuda.synchronize()
         return len(loaded or ())
 
