@@ -1,21 +1,29 @@
-"""The one-step pipeline: the quickstart's GRPO job with `sync_offset: 1` vs strictly on-policy `sync_offset: 0`.
+"""The one-step pipeline and the fully async run: the quickstart's GRPO job with `sync_offset: 1` and
+with `sync_style: fully_async` vs strictly on-policy `sync_offset: 0`.
 
     python bench/async_pipeline.py [--quick] [--steps N] [--reps R] [--max-tokens T]
 
-Both run `rft run` (memory store, weights by the `nccl` method, `sync_interval: 1`) from the same
+All three run `rft run` (memory store, weights by the `nccl` method, `sync_interval: 1`) from the same
 warmed-up tiny model (`rft_runs.warm_model`), with the quickstart's settings (8 prompts x 8 samples,
 temperature 1.0) but lr 3e-4 (`rft_runs.LR`) and at most `--max-tokens` new tokens. With offset 0 the explorer waits for
 step k's weights before it samples step k+1, so sampling and training take turns; with offset 1 it
-samples step k+1 on the weights of step k-1 while the trainer trains step k, so the two overlap.
+samples step k+1 on the weights of step k-1 while the trainer trains step k, so the two overlap. With
+`fully_async` the explorer never waits: it samples step after step and takes each published version at
+its next step boundary; the trainer drops experiences more than 4 versions old (the default bound) and
+trains on the oldest fresh enough ones.
 Response lengths follow the learning (a run whose policy drifts writes up to 32 tokens, one that learns
 writes ~3), so step time also reports trained tokens/s, which does not depend on how long answers got.
-Runs alternate (0, 1, 1, 0, ...), `--reps` each; figures are medians over repetitions.
+Runs alternate (0, 1, fully_async, then the reverse, ...), `--reps` each; figures are medians over
+repetitions.
 - time per step: from the end of step W to the end of step N (the trainer's `weights sent` events),
   over N - W steps, so start-up and the first steps are out;
 - reward after N x 64 samples: the mean reward of the last 5 steps' samples, and the mean over the
-  whole run (the reward curve's area); the spread over repetitions of offset 0 is the noise.
+  whole run (the reward curve's area); the spread over repetitions of offset 0 is the noise;
+- fully_async also reports the mean staleness of what it trained (trainer version - experience
+  version) and the experiences dropped as too stale.
 The last line printed is one JSON object (DESIGN.md section 8): "ratio" = offset-0 step time / offset-1
-step time (higher = faster), "target" 1.67 (offset-1 step time <= 0.6x offset 0).
+step time (higher = faster), "target" 1.67 (offset-1 step time <= 0.6x offset 0), and
+"fully_async_ratio" = offset-0 step time / fully_async step time.
 """
 
 from __future__ import annotations
@@ -36,58 +44,82 @@ from rft_runs import add_run_args, grpo_config, mean_last, run_plan, run_rft  # 
 SAMPLES, LAST = 64, 5
 
 
+VARIANTS = {  # name -> grpo_config settings
+    "sync_offset 0": {"sync_offset": 0},
+    "sync_offset 1": {"sync_offset": 1},
+    "fully_async": {"sync_style": "fully_async"},
+}
+
+
+def run_once(
+    args, work: Path, model: Path, steps: int, warmup: int, variant: str, rep: int
+) -> dict[str, float]:
+    name = f"{variant.replace(' ', '')}-rep{rep}"
+    cfg = grpo_config(work / f"{name}.yaml", model=model, root=work / "ck", name=name, steps=steps,
+                      sync_interval=1, max_tokens=args.max_tokens, seed=rep, **VARIANTS[variant])  # fmt: skip
+    r = run_rft(cfg, work / "ck" / "bench" / name)
+    _, tps, sps = r.window(warmup, SAMPLES)
+    return {
+        "s_per_step": sps, "tokens_per_s": tps, "reward_last": mean_last(r.reward, LAST),
+        "reward_mean": statistics.fmean(r.reward), "wall_s": r.wall_s,
+        "staleness": statistics.fmean(m.get("sample/staleness/mean", 0.0) for m in r.metrics),
+        "dropped": r.metrics[-1].get("sample/dropped_stale_total", 0.0),
+    }  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_run_args(ap, per="offset", warmup_for="the step time")
+    add_run_args(ap, per="variant", warmup_for="the step time")
     ap.add_argument("--max-tokens", type=int, default=32, help="max new tokens per sample")
     args = ap.parse_args()
     steps, warmup, reps, model = run_plan(args)
     work = Path(tempfile.mkdtemp(prefix="async_pipeline-"))
-    runs: dict[int, list[dict[str, float]]] = {0: [], 1: []}
+    names = list(VARIANTS)
+    runs: dict[str, list[dict[str, float]]] = {v: [] for v in names}
     try:
         for rep in range(reps):
-            for offset in (0, 1) if rep % 2 == 0 else (1, 0):
-                name = f"off{offset}-rep{rep}"
-                cfg = grpo_config(work / f"{name}.yaml", model=model, root=work / "ck", name=name, steps=steps,
-                                  sync_offset=offset, sync_interval=1, max_tokens=args.max_tokens, seed=rep)  # fmt: skip
-                r = run_rft(cfg, work / "ck" / "bench" / name)
-                _, tps, sps = r.window(warmup, SAMPLES)
-                fig = {"s_per_step": sps, "tokens_per_s": tps, "reward_last": mean_last(r.reward, LAST),
-                       "reward_mean": statistics.fmean(r.reward), "wall_s": r.wall_s}  # fmt: skip
-                runs[offset].append(fig)
-                print(f"rep {rep} sync_offset {offset}: {sps:.3f} s/step {tps:7.0f} tokens/s reward last "
-                      f"{fig['reward_last']:.3f} mean {fig['reward_mean']:.3f} (process {r.wall_s:.0f}s)",
+            for variant in names if rep % 2 == 0 else names[::-1]:
+                fig = run_once(args, work, model, steps, warmup, variant, rep)
+                runs[variant].append(fig)
+                print(f"rep {rep} {variant}: {fig['s_per_step']:.3f} s/step {fig['tokens_per_s']:7.0f} tokens/s "
+                      f"reward last {fig['reward_last']:.3f} mean {fig['reward_mean']:.3f} staleness "
+                      f"{fig['staleness']:.2f} dropped {fig['dropped']:.0f} (process {fig['wall_s']:.0f}s)",
                       flush=True)  # fmt: skip
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    keys = ("s_per_step", "tokens_per_s", "reward_last", "reward_mean", "wall_s")
-    med = {o: {k: statistics.median(f[k] for f in runs[o]) for k in keys} for o in (0, 1)}
-    noise = (
-        (max(f["reward_mean"] for f in runs[0]) - min(f["reward_mean"] for f in runs[0])) if reps > 1 else 0.0
-    )
+    keys = ("s_per_step", "tokens_per_s", "reward_last", "reward_mean", "wall_s", "staleness", "dropped")
+    med = {v: {k: statistics.median(f[k] for f in runs[v]) for k in keys} for v in names}
+    off0 = runs["sync_offset 0"]
+    noise = (max(f["reward_mean"] for f in off0) - min(f["reward_mean"] for f in off0)) if reps > 1 else 0.0
     print(f"\nquickstart GRPO, {steps} steps x {SAMPLES} samples (<= {args.max_tokens} tokens), "
           f"step time after {warmup} warm-up steps, median of {reps}")  # fmt: skip
-    print(
-        f"{'':14s}{'s/step':>9s}{'tokens/s':>10s}{'reward last':>13s}{'reward mean':>13s}{'process s':>11s}"
-    )
-    for o in (0, 1):
-        f = med[o]
-        print(f"sync_offset {o}{f['s_per_step']:9.3f}{f['tokens_per_s']:10.0f}{f['reward_last']:13.3f}"
-              f"{f['reward_mean']:13.3f}{f['wall_s']:11.1f}")  # fmt: skip
-    ratio = med[0]["s_per_step"] / med[1]["s_per_step"]
-    print(f"offset-1 step time = {1 / ratio:.2f}x offset 0 (target <= 0.6x); reward-mean spread at "
-          f"offset 0 (noise): {noise:.3f}", flush=True)  # fmt: skip
+    print(f"{'':15s}{'s/step':>9s}{'tokens/s':>10s}{'reward last':>13s}{'reward mean':>13s}"
+          f"{'staleness':>11s}{'dropped':>9s}{'process s':>11s}")  # fmt: skip
+    for v in names:
+        f = med[v]
+        print(f"{v:15s}{f['s_per_step']:9.3f}{f['tokens_per_s']:10.0f}{f['reward_last']:13.3f}"
+              f"{f['reward_mean']:13.3f}{f['staleness']:11.2f}{f['dropped']:9.0f}{f['wall_s']:11.1f}")  # fmt: skip
+    m0, m1, fa = med["sync_offset 0"], med["sync_offset 1"], med["fully_async"]
+    ratio, fa_ratio = m0["s_per_step"] / m1["s_per_step"], m0["s_per_step"] / fa["s_per_step"]
+    print(f"offset-1 step time = {1 / ratio:.2f}x offset 0 (target <= 0.6x); fully_async step time = "
+          f"{1 / fa_ratio:.2f}x offset 0; reward-mean spread at offset 0 (noise): {noise:.3f}", flush=True)  # fmt: skip
     print(json.dumps({
         "bench": "async_pipeline", "quick": args.quick, "steps": steps, "warmup": warmup, "reps": reps,
         "max_tokens": args.max_tokens,
-        "offset1_s_per_step": round(med[1]["s_per_step"], 4), "offset1_reward_last": round(med[1]["reward_last"], 4),
-        "offset1_reward_mean": round(med[1]["reward_mean"], 4),
-        "offset0_s_per_step": round(med[0]["s_per_step"], 4), "offset0_reward_last": round(med[0]["reward_last"], 4),
-        "offset0_reward_mean": round(med[0]["reward_mean"], 4),
-        "offset1_tokens_per_s": round(med[1]["tokens_per_s"], 1),
-        "offset0_tokens_per_s": round(med[0]["tokens_per_s"], 1),
-        "tokens_ratio": round(med[1]["tokens_per_s"] / med[0]["tokens_per_s"], 3),
+        "offset1_s_per_step": round(m1["s_per_step"], 4), "offset1_reward_last": round(m1["reward_last"], 4),
+        "offset1_reward_mean": round(m1["reward_mean"], 4),
+        "offset0_s_per_step": round(m0["s_per_step"], 4), "offset0_reward_last": round(m0["reward_last"], 4),
+        "offset0_reward_mean": round(m0["reward_mean"], 4),
+        "offset1_tokens_per_s": round(m1["tokens_per_s"], 1),
+        "offset0_tokens_per_s": round(m0["tokens_per_s"], 1),
+        "tokens_ratio": round(m1["tokens_per_s"] / m0["tokens_per_s"], 3),
+        "fully_async_s_per_step": round(fa["s_per_step"], 4),
+        "fully_async_tokens_per_s": round(fa["tokens_per_s"], 1),
+        "fully_async_reward_last": round(fa["reward_last"], 4),
+        "fully_async_reward_mean": round(fa["reward_mean"], 4),
+        "fully_async_staleness_mean": round(fa["staleness"], 3), "fully_async_dropped": fa["dropped"],
+        "fully_async_ratio": round(fa_ratio, 3),
         "reward_noise": round(noise, 4), "step_time_fraction": round(1 / ratio, 3),
         "ratio": round(ratio, 3), "target": round(1 / 0.6, 2),
     }))  # fmt: skip

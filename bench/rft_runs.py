@@ -117,6 +117,7 @@ def grpo_config(
     seed: int = 1,
     sync_method: str = "nccl",
     split_batch: bool = False,
+    sync_style: str = "fixed",
 ) -> Path:
     """The quickstart's GRPO stage as a one-stage run, with the benchmark's settings.
 
@@ -134,7 +135,8 @@ def grpo_config(
     taskset = tree["buffer"]["explorer_input"]["taskset"]
     taskset["path"] = str(DATA)
     taskset["data_selector"]["seed"] = seed
-    tree["synchronizer"].update(sync_offset=sync_offset, sync_interval=sync_interval, sync_method=sync_method)
+    tree["synchronizer"].update(sync_offset=sync_offset, sync_interval=sync_interval, sync_method=sync_method,
+                                sync_style=sync_style)  # fmt: skip
     # one micro-batch per step: the default token budget (2 x max_model_len, as Trinity-RFT, sized for
     # GPUs) splits 64 short rows into ~7 forward/backward passes, each paying the model's Python overhead
     tree["trainer"].update(save_interval=0, save_hf_checkpoint="never", max_token_len_per_gpu=4096)

@@ -32,9 +32,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "protos")]
 
 import torch  # noqa: E402
 
+from services.common.config import RFTConfig, resolve  # noqa: E402
 from services.common.modeling import load_model, load_tokenizer  # noqa: E402
 from services.common.tiny_model import make_tiny_model  # noqa: E402
-from services.explorer.engines.base import SamplingParams  # noqa: E402
 from services.explorer.engines.hf import HFEngine  # noqa: E402
 
 
@@ -88,7 +88,8 @@ def run_generate(model, tokenizer, prompts, limits, batch: int, device) -> tuple
 
 def run_ours(engine: HFEngine, prompts, limits) -> tuple[int, float]:
     t0 = time.perf_counter()
-    outs = engine.generate_sync(prompts, [SamplingParams(temperature=1.0, max_tokens=m) for m in limits])
+    base = resolve(RFTConfig()).sampling_params(temperature=1.0, max_tokens=1)  # the model.* defaults
+    outs = engine.generate_sync(prompts, [base.replace(max_tokens=m) for m in limits])
     if engine.model.device.type == "cuda":
         torch.cuda.synchronize()
     return sum(len(g[0].token_ids) for g in outs), time.perf_counter() - t0

@@ -47,8 +47,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "protos"))
 
+from services.common.config import RFTConfig, resolve  # noqa: E402
 from services.common.lineage import latest_checkpoint, read_lineage  # noqa: E402
-from services.explorer.engines.base import SamplingParams  # noqa: E402
 from services.explorer.engines.hf import HFEngine  # noqa: E402
 from services.explorer.workflows.arithmetic import arithmetic_reward  # noqa: E402
 from tests.support.rft_run import jsonl, poll_until, start_rft, tiny_model  # noqa: E402
@@ -103,7 +103,7 @@ async def _latency(client: openai.AsyncOpenAI, model_dir: str, reps: int) -> dic
     engine = HFEngine.from_pretrained(model_dir, device="cpu", micro_batch_size=64)
     prompt = "3+4="
     ids = list(engine.tokenizer.encode(prompt, add_special_tokens=False))
-    params = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=MAX_TOKENS, n=GROUP)
+    params = resolve(RFTConfig()).sampling_params(temperature=1.0, top_p=1.0, max_tokens=MAX_TOKENS, n=GROUP)
     health = str(client.base_url).rstrip("/").removesuffix("/v1") + "/health"
     times: dict[str, list[float]] = {"endpoint": [], "direct": [], "health": []}
     async with httpx2.AsyncClient() as http:

@@ -104,6 +104,7 @@ def config_show(file: Path, set_: SetOpt = None, plugin_dir: PluginOpt = None) -
         "max_response_tokens": r.max_response_tokens,
         "max_model_len": r.max_model_len,
         "max_token_len_per_gpu": r.max_token_len_per_gpu,
+        "max_staleness": r.max_staleness,
         "gpu_split": r.gpu_split,
         "gpu_placement": {
             "explorer": list(r.gpu_placement.explorers[0]) if r.gpu_placement.explorers else [],

@@ -45,9 +45,9 @@ class CountUpWorkflow(WorkflowBase):
     can_repeat = True  # one call makes the whole group (n = repeat_times)
 
     async def run_async(self) -> list[Experience]:
-        sampling = {k: v for k, v in self.task.rollout_args.items() if k != "n"}
         prompt = self.task.prompt_text() + " "
-        experiences = await self.model.generate_async([prompt], n=self.repeat_times, **sampling)
+        # the taskset's sampling params (a SamplingParams), n samples: one group
+        experiences = await self.model.generate_async([prompt], self.task.sampling, n=self.repeat_times)
         score = get_scorer(self.task.reward_fn or "count_up:count_up_reward")
         for exp in experiences:
             result = score(exp.response_text, self.task.ground_truth, None, **self.task.reward_fn_args)

@@ -22,6 +22,9 @@ version exists, or an nccl broadcast is about to start, it fetches and loads it,
 of the previous window (it catches up after a restart) the wait goes on, so a trainer that stopped
 moving is given up on after two windows with `SyncWaitTimeout` naming the version it needs and where
 the trainer stands.
+`step_metrics()` splits the last `before_step` into the time blocked on the plan
+(`time/wait_for_weights`; ~one RPC when the style never waits: trainer_driven, fully_async) and the
+time fetching and loading weights (`time/load_weights`).
 A synchronizer that is away (restarting: UNAVAILABLE; it forgot this member: NOT_FOUND, then the gate
 registers again) is waited for within the same window. The end of the run raises `RunFinished`. A broken or stale broadcast group (`GroupBrokenError`,
 `StaleGenerationError`: a member died or the group changed mid-sync) is reported and waited out:
@@ -137,6 +140,7 @@ class ExplorerSyncGate:
         self.held = client.model_version
         self.waiting_for: int | None = None
         self._report: asyncio.Task[Any] | None = None  # the last successful load's report
+        self._waited = self._loading = 0.0  # seconds of the last before_step (see step_metrics)
 
     async def settle(self) -> None:
         """Wait for the last load's report (sent in the background while a step samples)."""
@@ -167,7 +171,20 @@ class ExplorerSyncGate:
             f"{self.held}; {where} and has not moved for {self.timeout_s:g}s"
         )
 
+    def step_metrics(self) -> dict[str, float]:
+        """The last `before_step`: seconds blocked until the plan let the step run (the asking
+        included) and seconds fetching + loading new weights."""
+        return {"time/wait_for_weights": self._waited, "time/load_weights": self._loading}
+
     async def before_step(self, step: int, model_version: int) -> None:
+        t0 = time.perf_counter()
+        self._loading = 0.0
+        try:
+            await self._before_step(step, model_version)
+        finally:
+            self._waited = time.perf_counter() - t0 - self._loading
+
+    async def _before_step(self, step: int, model_version: int) -> None:
         await self.settle()  # the synchronizer hears of a load before this explorer asks again
         self.held = max(self.held, model_version)
         deadline = time.monotonic() + self.timeout_s
@@ -200,6 +217,7 @@ class ExplorerSyncGate:
             newer = offered > self.held and answer.sync_method != "nccl"
             if answer.receive_broadcast or newer:
                 self.waiting_for = offered
+                t_fetch = time.perf_counter()
                 try:
                     loaded = await self.fetch(answer)
                 except Exception as exc:
@@ -214,6 +232,7 @@ class ExplorerSyncGate:
                     continue
                 finally:
                     self.waiting_for = None
+                    self._loading += time.perf_counter() - t_fetch
                 self.notify_version(loaded)
                 if self.held >= answer.required_version:
                     # the step may start now: the success report goes out while it samples

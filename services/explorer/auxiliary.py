@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from services.common.config import InferenceModelConfig
+from services.common.sampling import SamplingParams
 from services.explorer.model_wrapper import ModelWrapper
 
 
@@ -69,13 +70,30 @@ class OpenAIModel:
 
 
 class LocalChatModel:
-    """A local HF model as a judge: `chat_async` returns the text of one greedy-by-default sample."""
+    """A local HF model as a judge: `chat_async` returns the text of one sample, greedy unless the call
+    overrides `temperature`, with at most `max_response_tokens` of its config (`path` names that key in
+    errors: there is no built-in limit)."""
 
-    def __init__(self, wrapper: ModelWrapper):
+    def __init__(self, wrapper: ModelWrapper, cfg: InferenceModelConfig, path: str):
         self.wrapper = wrapper
+        self.cfg = cfg
+        self.path = path
+
+    def sampling_params(self, **overrides: Any) -> SamplingParams:
+        limit = overrides.pop("max_tokens", self.cfg.max_response_tokens)
+        if limit is None:
+            raise ValueError(
+                f"{self.path}.max_response_tokens: not set, and a local auxiliary model needs a reply-token "
+                "limit; set it (e.g. 256) or pass max_tokens to chat_async"
+            )
+        greedy = SamplingParams(
+            temperature=0.0, top_p=1.0, top_k=-1, max_tokens=limit, min_tokens=0, repetition_penalty=1.0,
+            ignore_eos=self.cfg.ignore_eos, logprobs=0, stop=(),
+        )  # fmt: skip
+        return greedy.replace(**overrides)
 
     async def chat_async(self, messages: Sequence[Mapping[str, str]], **args: Any) -> str:
-        return (await self.wrapper.chat_async(messages, **args))[0].response_text
+        return (await self.wrapper.chat_async(messages, self.sampling_params(**args)))[0].response_text
 
     async def close(self) -> None:
         await self.wrapper.engine.close()
@@ -96,13 +114,12 @@ def build_auxiliary_models(
             engine = ENGINES.get(cfg.engine_type if cfg.engine_type != "openai" else "hf")(
                 cfg, str(cfg.model_path), index=0, device=device
             )
-            # the model's own limits and template; 256 reply tokens when its max_response_tokens is unset
+            # the model's own prompt limit and template; its reply limit is max_response_tokens
             wrapper = ModelWrapper(
                 engine,
-                default_args={"temperature": 0.0, "max_tokens": cfg.max_response_tokens or 256},
                 max_prompt_tokens=cfg.max_prompt_tokens,
                 chat_template=cfg.chat_template,
                 enable_thinking=cfg.enable_thinking,
             )
-            out.append(LocalChatModel(wrapper))
+            out.append(LocalChatModel(wrapper, cfg, f"explorer.auxiliary_models[{i}]"))
     return out

@@ -46,6 +46,10 @@ from services.explorer.workflows import requires_ground_truth
 log = get_logger("explorer.core")
 
 
+class ExplorationFailed(RuntimeError):
+    """Every task of an explore step failed: there is nothing to train on, so the run cannot go on."""
+
+
 @dataclass
 class StepResult:
     step: int
@@ -96,6 +100,9 @@ class ExplorerCore:
         self.status = "STARTING"
         self.last_metrics: dict[str, float] = {}
         self.exhausted = False
+        # `sync_style: fully_async` with a synchronizer: explore past `total_steps` until the run
+        # finishes (the trainer drops stale data, so it may need more steps than it trains)
+        self.until_run_ends = False
         self._scheduler: TaskScheduler | None = None
         self._eval_sets: list[Any] = []
         self._next_engine = 0
@@ -186,7 +193,8 @@ class ExplorerCore:
 
     def _done(self) -> bool:
         total = self.config.buffer.total_steps
-        return self._stopping or self.exhausted or (total is not None and self.step >= total)
+        ended = total is not None and self.step >= total and not self.until_run_ends
+        return self._stopping or self.exhausted or ended
 
     async def stop(self) -> None:
         self._stopping = True
@@ -209,8 +217,8 @@ class ExplorerCore:
     async def _run_task(self, task: Task) -> TaskResult:
         async with self._slots:
             model = self._model()
-            # a workflow that passes no sampling args samples with its taskset's (token limit included)
-            model.default_args = {k: v for k, v in task.rollout_args.items() if k != "n"}
+            # a workflow that passes no sampling params samples with its taskset's (token limit included)
+            model.sampling = task.sampling
             if task.format.chat_template or task.format.enable_thinking is not None:
                 model.chat_template = task.format.chat_template or model.chat_template
                 if task.format.enable_thinking is not None:
@@ -275,6 +283,14 @@ class ExplorerCore:
                     results, len(tasks), self.config.algorithm.filter_groups, self._next_gen_batch
                 )
             t_run = time.perf_counter() - t1
+            if results and not any(r.ok for r in results):
+                # nothing to train on: the trainer would wait for this step forever; say why instead
+                first = results[0]
+                raise ExplorationFailed(
+                    f"every task of explore step {step} failed ({len(results)} of {len(results)}, "
+                    f"each after {first.attempts} attempt(s)); first error, task {first.task.task_id}: "
+                    f"{first.error}"
+                )
             batch_id = str(step) if not self.incarnation else f"{step}.{self.incarnation}"
             experiences = [e for r in results if r.ok for e in self._stamp(r, step, batch_id)]
             t2 = time.perf_counter()
@@ -294,6 +310,7 @@ class ExplorerCore:
             metrics.update(
                 {
                     "time/wait_explore_step": t_wait,
+                    **self.gate.step_metrics(),  # t_wait split: blocked on the plan / loading weights
                     "time/run_execution": t_run,
                     "time/put_experiences": t_put,
                     "time/explore_step": time.perf_counter() - t0,

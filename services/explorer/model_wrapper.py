@@ -1,5 +1,10 @@
-"""What a workflow holds as `model`: a rollout engine plus its tokenizer, prompt limits and sampling
-defaults, returning Experiences (Trinity-RFT's ModelWrapper).
+"""What a workflow holds as `model`: a rollout engine plus its tokenizer, prompt limits and the task's
+sampling arguments, returning Experiences (Trinity-RFT's ModelWrapper).
+
+Every sampling call takes an optional `SamplingParams` (a workflow passes `self.task.sampling`) and
+keyword overrides of its fields (`n=`, `temperature=`, `max_tokens=`): the engine gets
+`(sampling or model.sampling).replace(**overrides)`. `model.sampling` is the task's (set by the
+explorer); a wrapper with none refuses a call that gives none.
 
 Async workflows call `chat_async` / `generate_async` / `generate_tokens_async`. Sync workflows run in
 a worker thread and call `chat` / `generate`, which hand the request to the event loop and wait.
@@ -33,7 +38,7 @@ class ModelWrapper:
         enable_prompt_truncation: bool = True,
         chat_template: str | None = None,
         enable_thinking: bool | None = None,
-        default_args: Mapping[str, Any] | None = None,
+        sampling: SamplingParams | None = None,
         tool_call_parser: str | None = None,
     ):
         self.engine = engine
@@ -42,7 +47,7 @@ class ModelWrapper:
         self.enable_prompt_truncation = enable_prompt_truncation
         self.chat_template = chat_template
         self.enable_thinking = enable_thinking
-        self.default_args = dict(default_args or {})
+        self.sampling = sampling
         self.tool_call_parser = tool_call_parser  # services/explorer/tools/parser.py; None = hermes
 
     @property
@@ -86,25 +91,40 @@ class ModelWrapper:
             )
         return ids[-limit:], True
 
-    def sampling_params(self, **overrides: Any) -> SamplingParams:
-        return SamplingParams.from_args(self.default_args, **overrides)
+    def sampling_params(self, sampling: SamplingParams | None = None, **overrides: Any) -> SamplingParams:
+        """`sampling` (else the wrapper's) with `overrides` applied."""
+        base = sampling if sampling is not None else self.sampling
+        if base is None:
+            raise ValueError(
+                "no sampling params: pass the task's (`self.task.sampling`), or set ModelWrapper.sampling"
+            )
+        return base.replace(**overrides)
 
     # ------------------------------------------------------------------ async API
-    async def generate_tokens_async(self, prompt_ids: Sequence[int], **args: Any) -> list[GenerationOutput]:
+    async def generate_tokens_async(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams | None = None, **overrides: Any
+    ) -> list[GenerationOutput]:
         """`n` samples for one tokenised prompt (no truncation: the caller owns the ids)."""
-        return (await self.engine.generate([list(prompt_ids)], self.sampling_params(**args)))[0]
+        params = self.sampling_params(sampling, **overrides)
+        return (await self.engine.generate([list(prompt_ids)], params))[0]
 
-    async def _sample(self, ids: list[int], prompt_text: str, args: dict[str, Any]) -> list[Experience]:
+    async def _sample(self, ids: list[int], prompt_text: str, params: SamplingParams) -> list[Experience]:
         ids, cut = self.fit_prompt(ids)
-        outs = await self.generate_tokens_async(ids, **args)
+        outs = await self.generate_tokens_async(ids, params)
         return [self.to_experience(o, prompt_text, prompt_truncated=cut) for o in outs]
 
-    async def chat_async(self, messages: Sequence[Mapping[str, str]], **args: Any) -> list[Experience]:
+    async def chat_async(
+        self, messages: Sequence[Mapping[str, str]], sampling: SamplingParams | None = None, **overrides: Any
+    ) -> list[Experience]:
+        params = self.sampling_params(sampling, **overrides)
         text = self.render(messages)
-        return await self._sample(self.encode_text(text), text, args)
+        return await self._sample(self.encode_text(text), text, params)
 
-    async def generate_async(self, prompts: Sequence[str], **args: Any) -> list[Experience]:
-        results = await asyncio.gather(*(self._sample(self.encode_text(p), p, args) for p in prompts))
+    async def generate_async(
+        self, prompts: Sequence[str], sampling: SamplingParams | None = None, **overrides: Any
+    ) -> list[Experience]:
+        params = self.sampling_params(sampling, **overrides)
+        results = await asyncio.gather(*(self._sample(self.encode_text(p), p, params) for p in prompts))
         return [e for r in results for e in r]
 
     # ------------------------------------------------------------------ sync API (worker threads)
@@ -123,14 +143,20 @@ class ModelWrapper:
             raise RuntimeError("sync model call from the event loop thread; use the *_async method")
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
-    def chat(self, messages: Sequence[Mapping[str, str]], **args: Any) -> list[Experience]:
-        return self._call(self.chat_async(messages, **args))
+    def chat(
+        self, messages: Sequence[Mapping[str, str]], sampling: SamplingParams | None = None, **overrides: Any
+    ) -> list[Experience]:
+        return self._call(self.chat_async(messages, sampling, **overrides))
 
-    def generate(self, prompts: Sequence[str], **args: Any) -> list[Experience]:
-        return self._call(self.generate_async(prompts, **args))
+    def generate(
+        self, prompts: Sequence[str], sampling: SamplingParams | None = None, **overrides: Any
+    ) -> list[Experience]:
+        return self._call(self.generate_async(prompts, sampling, **overrides))
 
-    def generate_tokens(self, prompt_ids: Sequence[int], **args: Any) -> list[GenerationOutput]:
-        return self._call(self.generate_tokens_async(prompt_ids, **args))
+    def generate_tokens(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams | None = None, **overrides: Any
+    ) -> list[GenerationOutput]:
+        return self._call(self.generate_tokens_async(prompt_ids, sampling, **overrides))
 
     # ------------------------------------------------------------------ records
     @staticmethod

@@ -70,9 +70,10 @@ def in_daemon_thread(fn: Callable[[], Any]) -> asyncio.Future[Any]:
 
 def greedy_task(task: Task) -> Task:
     """The same task run once at temperature 0 (greedy decoding), for ReMax's baseline."""
-    return dataclasses.replace(
-        task, repeat_times=1, rollout_args={**task.rollout_args, "temperature": 0.0}, greedy_baseline=False
-    )
+    if task.sampling is None:
+        raise ValueError(f"task {task.task_id}: the greedy baseline needs the task's sampling params")
+    greedy = task.sampling.replace(temperature=0.0)
+    return dataclasses.replace(task, repeat_times=1, sampling=greedy, greedy_baseline=False)
 
 
 def set_reward_baseline(runs: Sequence[Sequence[Experience]], greedy: Sequence[Experience]) -> float | None:

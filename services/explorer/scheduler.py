@@ -1,4 +1,4 @@
-"""Turns taskset rows into Tasks: which workflow, reward function, rollout args and repeat count each
+"""Turns taskset rows into Tasks: which workflow, reward function, sampling params and repeat count each
 row gets, drawing training batches round-robin across `buffer.explorer_input.tasksets`.
 
 The workflow and reward function a taskset names are resolved when it opens (plug-ins imported), so
@@ -41,7 +41,7 @@ class TaskFactory:
         self.is_eval = is_eval
         self.workflow = cfg.default_workflow_type or default or ei.default_workflow_type or DEFAULT_WORKFLOW
         self.reward_fn = cfg.default_reward_fn_type or ei.default_reward_fn_type
-        self.rollout_args = resolved.rollout_args(cfg)
+        self.sampling = resolved.sampling_params(cfg)
         self.repeat_times = resolved.repeat_times(cfg, eval=is_eval)
         self.greedy_baseline = not is_eval and resolved.config.algorithm.greedy_baseline
         self._needs_response = needs_response
@@ -67,7 +67,7 @@ class TaskFactory:
             workflow=self.workflow_of(row),
             repeat_times=self.repeat_times,
             format=self.cfg.format,
-            rollout_args=self.rollout_args,
+            sampling=self.sampling,
             workflow_args=self.cfg.workflow_args,
             reward_fn=str(row[key]) if key and row.get(key) else self.reward_fn,
             reward_fn_args=self.cfg.reward_fn_args,

@@ -9,7 +9,9 @@ With a synchronizer address (`services.synchronizer.address` or `host`+`port`, o
 `RFT_SYNCHRONIZER_ADDRESS`/`_PORT`) the explorer registers under its id with its rollout worker
 count, heartbeats, and waits before each step on `ExplorerSyncGate` with the fetch of
 `synchronizer.sync_method` (memory: pull from the synchronizer; checkpoint: read the published
-file; nccl: join the group, receive the broadcast). In mode `both` it first waits until a trainer has
+file; nccl: join the group, receive the broadcast). With `sync_style: fully_async` it never waits and
+explores past `buffer.total_steps` until the run finishes (the trainer drops experiences staler than
+its bound, so it may need more explore steps than it trains). In mode `both` it first waits until a trainer has
 registered and rewinds to the trainer's step when its own saved position is ahead of it (a restart
 after a crash: the trainer restored an earlier checkpoint, or a buffer lost data), so it never waits
 for a version that cannot come. When its data ends it reports STOPPED; once every explorer has, the
@@ -173,6 +175,7 @@ async def attach_synchronizer(
     await client.register(step=core.step, model_version=core.model_version)
     await client.start()
     core.gate = ExplorerSyncGate(client, fetch)
+    core.until_run_ends = config.synchronizer.sync_style == "fully_async"
     return client
 
 

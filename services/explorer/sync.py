@@ -4,12 +4,15 @@ fetch new weights if needed)". The synchronizer's client plugs in here; the defa
 `VersionGate` implements the plan locally: with `sync_interval` I and `sync_offset` K, explore step N
 (1-based) needs weights of version >= ((N - 1 - K) // I) * I, i.e. the explorer runs at most K steps
 ahead of the weights it holds (K = 0: strictly on-policy). It waits on a condition that
-`notify_version` (called after every weight load) wakes, up to `timeout_s`.
+`notify_version` (called after every weight load) wakes, up to `timeout_s`; `blocked` is set while a
+step waits (`waiting_for` names the version). (The synchronizer's `trainer_driven` and `fully_async`
+styles never wait; `NeverWait` is their local counterpart.)
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Protocol, runtime_checkable
 
 
@@ -21,10 +24,18 @@ class SyncGate(Protocol):
 
     def notify_version(self, model_version: int) -> None: ...
 
+    def step_metrics(self) -> dict[str, float]:
+        """Seconds the last `before_step` spent blocked on the plan (`time/wait_for_weights`) and
+        fetching + loading new weights (`time/load_weights`)."""
+        ...
+
 
 class NeverWait:
     async def before_step(self, step: int, model_version: int) -> None:
         return None
+
+    def step_metrics(self) -> dict[str, float]:
+        return {"time/wait_for_weights": 0.0, "time/load_weights": 0.0}
 
     def notify_version(self, model_version: int) -> None:
         return None
@@ -42,7 +53,9 @@ class VersionGate:
         self._version = 0
         self._changed = asyncio.Condition()
         self.waiting_for: int | None = None
+        self.blocked = asyncio.Event()  # set while a step waits for weights
         self._wakers: set[asyncio.Task[None]] = set()
+        self._waited = 0.0
 
     def required_version(self, step: int) -> int:
         return max(step - 1 - self.sync_offset, 0) // self.sync_interval * self.sync_interval
@@ -50,9 +63,12 @@ class VersionGate:
     async def before_step(self, step: int, model_version: int) -> None:
         self._version = max(self._version, model_version)
         need = self.required_version(step)
+        self._waited = 0.0
         if self._version >= need:
             return
         self.waiting_for = need
+        self.blocked.set()
+        t0 = time.perf_counter()
         try:
             async with self._changed:
                 await asyncio.wait_for(self._changed.wait_for(lambda: self._version >= need), self.timeout_s)
@@ -62,6 +78,11 @@ class VersionGate:
             ) from None
         finally:
             self.waiting_for = None
+            self.blocked.clear()
+            self._waited = time.perf_counter() - t0
+
+    def step_metrics(self) -> dict[str, float]:
+        return {"time/wait_for_weights": self._waited, "time/load_weights": 0.0}
 
     def notify_version(self, model_version: int) -> None:
         self._version = max(self._version, model_version)

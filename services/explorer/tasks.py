@@ -2,7 +2,8 @@
 
 The row stays raw (`raw`); `format` says which keys hold the prompt, the reference answer, the system
 prompt or a whole message list, so a workflow asks `task.messages()` / `task.prompt_text()` /
-`task.ground_truth` instead of knowing the file's column names.
+`task.ground_truth` instead of knowing the file's column names. `sampling` is the taskset's
+`SamplingParams`, resolved once from the config.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.common.config import FormatConfig
+from services.common.sampling import SamplingParams
 
 
 class BadRow(ValueError):
@@ -29,7 +31,8 @@ class Task:
     workflow: str
     repeat_times: int = 1
     format: FormatConfig = field(default_factory=FormatConfig)
-    rollout_args: Mapping[str, Any] = field(default_factory=dict)
+    # the taskset's sampling arguments (`Resolved.sampling_params`); None only for a task that never samples
+    sampling: SamplingParams | None = None
     workflow_args: Mapping[str, Any] = field(default_factory=dict)
     reward_fn: str | None = None
     reward_fn_args: Mapping[str, Any] = field(default_factory=dict)

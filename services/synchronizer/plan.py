@@ -21,6 +21,18 @@ publishes after a step whenever an explorer is REQUIRE_SYNC.
 last publish; an explorer never blocks on the plan and takes a newer version (or joins a pending
 nccl broadcast) at its next step boundary.
 
+`fully_async` (Trinity-RFT 0.6's `fully_async`, veRL's fully_async_policy, AReaL): the trainer
+publishes once I steps have run since its last publish, as `trainer_driven`; an explorer never waits
+for weights (required version 0 at every step) and takes the newest published version at its next step
+boundary, so sampling never stops for training. Staleness is bounded on the consumer side instead: the
+trainer leases only experiences with `model_version >= its version - max_staleness` (the buffer drops
+older ones), where max_staleness is `algorithm.sample_strategy_args.max_staleness` with
+`sample_strategy: staleness_control`, else 4 x I (4 publishes behind, AReaL's documented
+`max_head_offpolicyness: 4`; `Resolved.max_staleness`). The trainer logs `sample/staleness/{mean,max}`
+(its version minus each trained experience's) and `sample/dropped_stale` per step.
+    trainer: publish after step t  <=>  t - last_published >= I
+    explorer: required(s) = 0   (sync_offset is not used)
+
 In every style the trainer also publishes when an explorer waits for a version the trainer already
 has (a restarted explorer would otherwise wait for the next interval while the trainer waits for its
 data).
@@ -31,8 +43,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-SyncStyle = Literal["fixed", "explorer_driven", "trainer_driven"]
-STYLES: tuple[str, ...] = ("fixed", "explorer_driven", "trainer_driven")
+SyncStyle = Literal["fixed", "explorer_driven", "trainer_driven", "fully_async"]
+STYLES: tuple[str, ...] = ("fixed", "explorer_driven", "trainer_driven", "fully_async")
+# Styles in which an explorer never blocks on the plan (it takes newer weights when there are some).
+NEVER_WAITS: tuple[str, ...] = ("trainer_driven", "fully_async")
 
 
 @dataclass(frozen=True)
@@ -60,7 +74,7 @@ class SyncPlan:
             return max(step - 1 - self.offset, 0) // self.interval * self.interval
         if self.style == "explorer_driven":
             return held + 1 if (step - 1) - last_sync_step >= self.interval else 0
-        return 0
+        return 0  # NEVER_WAITS: the explorer takes what is published, when it is
 
     def trainer_should_publish(self, step: int, last_published_step: int, explorer_requires: bool) -> bool:
         """Whether the trainer publishes its weights after finishing step `step`.
@@ -73,6 +87,6 @@ class SyncPlan:
             return False
         if self.style == "fixed":
             return step % self.interval == 0
-        if self.style == "trainer_driven":
+        if self.style in NEVER_WAITS:
             return step - last_published_step >= self.interval
         return False

@@ -23,6 +23,11 @@ that comes back short. While waiting for data it asks the sync hook again (as Tr
 does), so an explorer waiting for weights a failed sync did not deliver cannot deadlock the run. `finish()` then saves the last step (with the HF export unless
 `save_hf_checkpoint: never`) and waits for the write.
 
+With `max_staleness` (staleness_control, or `sync_style: fully_async`'s default) a lease takes only
+experiences of model_version >= the trainer's version - max_staleness (the buffer drops older ones);
+each step logs `sample/staleness/{mean,max}` (trainer version - experience version) and
+`sample/dropped_stale` (dropped since the previous step).
+
 States: STARTING (before `prepare`), READY (idle), TRAINING (a step in flight), STOPPED, FAILED.
 Calls made in the wrong state raise `PreconditionError`; bad arguments raise `InvalidRequest`
 naming the field.  The servicer maps them to FAILED_PRECONDITION / INVALID_ARGUMENT.
@@ -91,6 +96,7 @@ class TrainerState(enum.Enum):
 class LeasedExperiences(Protocol):
     lease_id: str
     partial: bool
+    dropped_stale: int  # experiences the buffer dropped for this lease (older than min_model_version)
 
     def decoded(self) -> list[Experience]: ...
 
@@ -148,6 +154,8 @@ class TrainerCore:
         self.monitor = monitor
         self.sync_hook: SyncHook = sync_hook or NoSync()
         self.max_staleness = max_staleness
+        self._dropped_stale = 0  # dropped by the staleness bound since the last committed step
+        self.dropped_stale_total = 0  # since this process started (not kept in checkpoints)
         self.state = TrainerState.STARTING
         self.global_step = 0
         self.consumed_samples = 0
@@ -278,6 +286,7 @@ class TrainerCore:
         t0 = time.perf_counter()
         min_version = max(0, self.model_version - self.max_staleness) if self.max_staleness is not None else 0
         leased = await self.source.get_batch(size, timeout_ms=timeout_ms, min_model_version=min_version)
+        self._count_dropped(leased.dropped_stale, min_version)
         experiences = leased.decoded() if leased.lease_id else []
         if len(experiences) < size:
             if leased.lease_id:
@@ -299,6 +308,7 @@ class TrainerCore:
             await self.source.nack(leased.lease_id)
             self.state = TrainerState.FAILED
             raise
+        staleness = [self.model_version - e.model_version for e in experiences]  # before the commit
         # commit: the weights moved, so do the step counter, the data position and the lineage
         self.global_step += 1
         self.model_version = self.global_step
@@ -312,8 +322,14 @@ class TrainerCore:
             "timing_s/read_experience": t1 - t0,
             "timing_s/train_step": t2 - t1,
             "sample/model_version/mean": sum(e.model_version for e in experiences) / len(experiences),
+            # trainer version - experience version (0 = on-policy); bounded by max_staleness when set
+            "sample/staleness/mean": sum(staleness) / len(staleness),
+            "sample/staleness/max": float(max(staleness)),
+            "sample/dropped_stale": float(self._dropped_stale),  # since the previous step
+            "sample/dropped_stale_total": float(self.dropped_stale_total),
             "sample/task_count": float(len({e.eid.group_id for e in experiences})),
         }
+        self._dropped_stale = 0
         self._unlogged = metrics  # from here on the step is committed (see `_log_committed`)
         if cancelled:
             raise asyncio.CancelledError
@@ -327,6 +343,15 @@ class TrainerCore:
         metrics["timing_s/step"] = t3 - t0
         metrics["trainer/unacked_steps"] = float(len(self._unacked))
         return metrics
+
+    def _count_dropped(self, dropped: int, min_version: int) -> None:
+        """The buffer dropped `dropped` experiences older than `min_version` for this lease."""
+        if dropped <= 0:
+            return
+        self._dropped_stale += dropped
+        self.dropped_stale_total += dropped
+        log.warning("stale experiences dropped", dropped=dropped, min_model_version=min_version,
+                    max_staleness=self.max_staleness, trainer_version=self.model_version)  # fmt: skip
 
     def _save_due(self) -> bool:
         s = self.settings

@@ -53,12 +53,6 @@ LEASE_WAIT_MS = 1000  # one lease wait of the auto-started loop (how soon the en
 TRAINER_MEMBER_ID = "trainer"
 
 
-def _max_staleness(config: RFTConfig) -> int | None:
-    if config.algorithm.sample_strategy != "staleness_control":
-        return None
-    return int((config.algorithm.sample_strategy_args or {}).get("max_staleness", 0))
-
-
 def build_core(
     config: RFTConfig, info: DistInfo, engine: FSDPEngine, source, console: bool = True
 ) -> TrainerCore:
@@ -72,7 +66,8 @@ def build_core(
         args=config.monitor.monitor_args,
         console=console,
     )
-    return TrainerCore(engine.worker.settings, engine, source, monitor, max_staleness=_max_staleness(config))
+    bound = resolve(config).max_staleness  # staleness_control's, or fully_async's default
+    return TrainerCore(engine.worker.settings, engine, source, monitor, max_staleness=bound)
 
 
 def _transport_options(config: RFTConfig, info: DistInfo, settings: TrainerSettings) -> TransportOptions:

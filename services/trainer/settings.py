@@ -196,9 +196,7 @@ class TrainerSettings:
             )
         mini_bs *= 2 if preset.pairwise else 1  # rows: a pair experience is two rows
         tasksets = res.tasksets
-        temperature = (
-            res.rollout_args(tasksets[0])["temperature"] if tasksets else config.model.temperature
-        ) or 1.0
+        temperature = (res.temperature(tasksets[0]) if tasksets else config.model.temperature) or 1.0
         actor_optim = OptimSettings.from_config(alg.optimizer, tr.grad_clip)
         critic_optim = dataclasses.replace(
             actor_optim,
@@ -241,9 +239,7 @@ class TrainerSettings:
                 extra.get("actor_rollout_ref.model.enable_gradient_checkpointing", False)
             ),
             buffer_capacity=config.buffer.trainer_input.experience_buffer.capacity,
-            max_response_tokens=(
-                res.rollout_args(tasksets[0])["max_tokens"] if tasksets else res.max_response_tokens
-            ),
+            max_response_tokens=(res.response_limit(tasksets[0]) if tasksets else res.max_response_tokens),
             rollout_correction=RolloutISConfig(
                 rollout_is=alg.rollout_is,
                 rollout_is_threshold=alg.rollout_is_threshold,

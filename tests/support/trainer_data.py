@@ -3,7 +3,8 @@
 `OrderedBuffer` implements the trainer's `BatchSource` protocol with the buffer's lease semantics
 (a leased batch is invisible until acked or given back; `restart()` gives back every open lease,
 as a buffer does when a trainer dies) but always serves the oldest batch first, so a resumed run
-sees exactly the batches a straight run sees.  Tests against the real buffer service live in
+sees exactly the batches a straight run sees. Like the buffer, it drops (and counts in the lease's
+`dropped_stale`) batches older than a lease's `min_model_version`.  Tests against the real buffer service live in
 tests/integration/trainer.
 """
 
@@ -86,6 +87,7 @@ class Lease:
     lease_id: str
     experiences: list[Experience]
     partial: bool = False
+    dropped_stale: int = 0
 
     def decoded(self) -> list[Experience]:
         return list(self.experiences)
@@ -99,18 +101,24 @@ class OrderedBuffer:
         self._leased: dict[str, tuple[int, list[Experience]]] = {}
         self._ids = itertools.count()
         self.acked: list[int] = []
+        self.dropped: list[int] = []  # batches dropped by the staleness bound
         self.changed = asyncio.Event()
 
     async def get_batch(
         self, size: int, *, timeout_ms: int = 0, min_model_version: int = 0, lease_ms: int = 0
     ):
+        # the staleness bound: batches holding experiences older than min_model_version are dropped
+        stale = [item for item in self._queue if min(e.model_version for e in item[1]) < min_model_version]
+        self._queue = [item for item in self._queue if all(item is not s for s in stale)]
+        self.dropped.extend(index for index, _ in stale)
+        dropped = sum(len(exps) for _, exps in stale)
         if not self._queue:
-            return Lease("", [], True)
+            return Lease("", [], True, dropped)
         self._queue.sort(key=lambda item: item[0])
         index, exps = self._queue.pop(0)
         lease_id = f"lease-{next(self._ids)}"
         self._leased[lease_id] = (index, exps)
-        return Lease(lease_id, exps, len(exps) < size)
+        return Lease(lease_id, exps, len(exps) < size, dropped)
 
     async def ack(self, lease_id: str) -> int:
         index, exps = self._leased.pop(lease_id)

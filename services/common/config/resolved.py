@@ -8,11 +8,13 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from services.common.config.buffer import TasksetConfig
+from services.common.config.buffer import RolloutArgs, TasksetConfig
 from services.common.config.errors import Problem
 from services.common.config.explorer import InferenceModelConfig
 from services.common.config.gpus import GpuPlacement, gpu_demand, place_gpus
 from services.common.config.root import RFTConfig
+from services.common.config.runtime import FULLY_ASYNC_STALE_PUBLISHES
+from services.common.sampling import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,19 @@ class Resolved:
         return 2 * mml // t.ulysses_sequence_parallel_size if mml else None
 
     @property
+    def max_staleness(self) -> int | None:
+        """Most trainer steps an experience's model_version may lag the trainer's (older ones are
+        dropped by the buffer): `sample_strategy_args.max_staleness` with `staleness_control`; with
+        `sync_style: fully_async` and no such setting, FULLY_ASYNC_STALE_PUBLISHES x sync_interval
+        (explorers never wait there, so only this bounds it); else None (no bound)."""
+        a, s = self.config.algorithm, self.config.synchronizer
+        if a.sample_strategy == "staleness_control":
+            return int((a.sample_strategy_args or {}).get("max_staleness", 0))
+        if s.sync_style == "fully_async":
+            return FULLY_ASYNC_STALE_PUBLISHES * s.sync_interval
+        return None
+
+    @property
     def mini_batch_size(self) -> int:
         """Experiences per optimizer step (veRL ppo_mini_batch_size x rollout.n)."""
         return self.train_batch_size
@@ -147,21 +162,35 @@ class Resolved:
         m = self.config.model
         return m.critic_model_path or m.model_path
 
-    def rollout_args(self, taskset: TasksetConfig) -> dict[str, Any]:
-        """Sampling args of a taskset: its own `rollout_args`, falling back to `model.*`."""
-        m, r = self.config.model, taskset.rollout_args
+    def temperature(self, taskset: TasksetConfig | None = None) -> float:
+        """The taskset's `rollout_args.temperature`, else `model.temperature`."""
+        own = taskset.rollout_args.temperature if taskset is not None else None
+        return self.config.model.temperature if own is None else own
+
+    def response_limit(self, taskset: TasksetConfig | None = None) -> int | None:
+        """The taskset's `rollout_args.max_tokens`, else `max_response_tokens` (None: no limit known)."""
+        own = taskset.rollout_args.max_tokens if taskset is not None else None
+        return self.max_response_tokens if own is None else own
+
+    def sampling_params(self, taskset: TasksetConfig | None = None, **overrides: Any) -> SamplingParams:
+        """The one mapping from config to sampling arguments: the taskset's `rollout_args`, falling back
+        to `model.*` (no taskset: `model.*` only); `overrides` replace fields (validated by name)."""
+        m = self.config.model
+        r = taskset.rollout_args if taskset is not None else RolloutArgs()
         pick = lambda own, default: default if own is None else own  # noqa: E731
-        return {
-            "temperature": pick(r.temperature, m.temperature),
-            "top_p": pick(r.top_p, m.top_p),
-            "top_k": pick(r.top_k, m.top_k),
-            "logprobs": pick(r.logprobs, m.logprobs),
-            "max_tokens": pick(r.max_tokens, self.max_response_tokens),
-            "min_tokens": m.min_response_tokens,
-            "repetition_penalty": m.repetition_penalty,
-            "ignore_eos": self.config.explorer.rollout_model.ignore_eos,
-            "stop": r.stop,
-        }
+        limit = overrides.pop("max_tokens") if "max_tokens" in overrides else self.response_limit(taskset)
+        base = SamplingParams(
+            temperature=self.temperature(taskset),
+            top_p=pick(r.top_p, m.top_p),
+            top_k=pick(r.top_k, m.top_k),
+            logprobs=pick(r.logprobs, m.logprobs),
+            max_tokens=limit,
+            min_tokens=m.min_response_tokens,
+            repetition_penalty=m.repetition_penalty,
+            ignore_eos=self.config.explorer.rollout_model.ignore_eos,
+            stop=tuple(r.stop or ()),
+        )
+        return base.replace(**overrides)
 
     def repeat_times(self, taskset: TasksetConfig, eval: bool = False) -> int:
         if eval and taskset.repeat_times is not None:

@@ -10,13 +10,16 @@ from services.common.config.base import Section, normalise_alias
 
 SYNC_METHOD_ALIASES = {"online": "nccl", "offline": "checkpoint"}
 SYNC_STYLE_ALIASES = {"dynamic_by_explorer": "explorer_driven", "dynamic_by_trainer": "trainer_driven"}
+# `sync_style: fully_async` bounds staleness by default at this many publishes (x sync_interval trainer
+# steps) when no `staleness_control` is set: AReaL's documented `max_head_offpolicyness: 4`.
+FULLY_ASYNC_STALE_PUBLISHES = 4
 
 
 class SynchronizerConfig(Section):
     """When and how weights move from the trainer to the explorers (Trinity-RFT meaning)."""
 
     sync_method: Literal["nccl", "checkpoint", "memory"] = "nccl"
-    sync_style: Literal["fixed", "explorer_driven", "trainer_driven"] = "fixed"
+    sync_style: Literal["fixed", "explorer_driven", "trainer_driven", "fully_async"] = "fixed"
     sync_interval: int = Field(1, ge=1)
     sync_offset: int = Field(0, ge=0)
     sync_timeout: float = Field(3600, gt=0)

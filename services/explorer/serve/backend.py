@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.common.config import RFTConfig, resolve
-from services.explorer.engines.base import RolloutEngine, SamplingParams
+from services.explorer.engines.base import RolloutEngine
 from services.explorer.model_wrapper import ModelWrapper
 from services.explorer.serve.protocol import (
     ChatRequest,
@@ -68,6 +68,8 @@ class ServeBackend:
         self.chat_template = resolved.chat_template
         self.enable_thinking = resolved.enable_thinking
         self.tool_parser = config.explorer.rollout_model.tool_call_parser or "hermes"
+        # `model.*` sampling arguments; a request sets temperature, top_p, n, stop and its token limit
+        self.sampling = resolved.sampling_params(max_tokens=self.cfg.max_tokens)
         self._next = itertools.count()
         self.on_commit = on_commit  # (metrics, commit number): the explorer's metrics, one row per commit
 
@@ -130,7 +132,7 @@ class ServeBackend:
     # ------------------------------------------------------------------ sampling
     async def _sample(self, model: ModelWrapper, prompt_ids: list[int], req: Any, room: int) -> list[Choice]:
         limit = token_limit(req, self.cfg.max_tokens)
-        params = SamplingParams(
+        params = self.sampling.replace(
             temperature=req.temperature, top_p=req.top_p, max_tokens=min(limit, room), n=req.n,
             stop=stop_strings(req.stop),
         )  # fmt: skip

@@ -50,11 +50,11 @@ class ArithmeticWorkflow(WorkflowBase):
     can_repeat = True
 
     async def run_async(self) -> list[Experience]:
-        args = {k: v for k, v in self.task.rollout_args.items() if k != "n"}
+        sampling, n = self.task.sampling, self.repeat_times
         if self.args.get("use_chat_template"):
-            exps = await self.model.chat_async(self.task.messages(), n=self.repeat_times, **args)
+            exps = await self.model.chat_async(self.task.messages(), sampling, n=n)
         else:
-            exps = await self.model.generate_async([self.task.prompt_text()], n=self.repeat_times, **args)
+            exps = await self.model.generate_async([self.task.prompt_text()], sampling, n=n)
         options = {
             k: float(v) for k, v in self.task.reward_fn_args.items() if k in ("correct_score", "format_score")
         }

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
 
 from services.common.experience import Experience
 from services.common.rewards import default_compute_score, get_scorer
@@ -56,12 +55,11 @@ class MathWorkflow(WorkflowBase):
     can_repeat = True
 
     async def run_async(self) -> list[Experience]:
+        sampling, n = self.task.sampling, self.repeat_times
         if self.task.format.prompt_type == "plaintext":
-            exps = await self.model.generate_async(
-                [self.task.prompt_text()], n=self.repeat_times, **self._sampling()
-            )
+            exps = await self.model.generate_async([self.task.prompt_text()], sampling, n=n)
         else:
-            exps = await self.model.chat_async(self.task.messages(), n=self.repeat_times, **self._sampling())
+            exps = await self.model.chat_async(self.task.messages(), sampling, n=n)
         threshold = float(self.args.get("correct_threshold", 1.0))
         for exp in exps:
             if self.args.get("judge"):
@@ -70,11 +68,6 @@ class MathWorkflow(WorkflowBase):
                 reward, extra = score_response(self.task, exp.response_text)
             finish(exp, reward, extra, threshold)
         return exps
-
-    def _sampling(self) -> dict[str, Any]:
-        args = dict(self.task.rollout_args)
-        args.pop("n", None)
-        return args
 
     async def _judge(self, answer: str) -> float:
         index = int(self.args.get("judge_model", 0))

@@ -124,13 +124,8 @@ class MultiTurnWorkflow(WorkflowBase):
         call_tool = getattr(env, "call_tool", None)
         tool_calls = parse_errors = 0
         max_turns = int(self.args.get("max_turns", self.default_max_turns))
-        sampling = {k: v for k, v in self.task.rollout_args.items() if k != "n"}
-        if not sampling.get("max_tokens"):
-            raise ValueError(
-                "multi_turn needs a per-turn token limit: set model.max_response_tokens or the taskset's "
-                "rollout_args.max_tokens"
-            )
-        per_turn = int(sampling["max_tokens"])
+        sampling = self.model.sampling_params(self.task.sampling, n=1)
+        per_turn = sampling.max_tokens  # the taskset's limit, per turn
         budget = int(self.args.get("max_response_tokens", per_turn * max_turns))
 
         first = str(await _maybe_await(env.reset(self.task)))
@@ -146,8 +141,10 @@ class MultiTurnWorkflow(WorkflowBase):
         logprobs: list[torch.Tensor] = []
         total_reward, turns, done, version = 0.0, 0, False, self.model.model_version
         for turn in range(max_turns):
-            args = {**sampling, "max_tokens": max(1, min(per_turn, budget - len(response)))}
-            out = (await self.model.generate_tokens_async(prompt + response, **args))[0]
+            turn_limit = max(1, min(per_turn, budget - len(response)))
+            out = (
+                await self.model.generate_tokens_async(prompt + response, sampling, max_tokens=turn_limit)
+            )[0]
             version = out.model_version
             response += out.token_ids
             mask += [True] * len(out.token_ids)

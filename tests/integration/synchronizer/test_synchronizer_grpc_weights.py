@@ -178,3 +178,45 @@ async def test_gate_waits_while_the_trainer_moves_and_says_why_when_it_stops(
 
     with pytest.raises(SyncWaitTimeout, match=r"version >= 3 .*'trainer', RUNNING\) is at step 2"):
         await asyncio.wait_for(gate.before_step(4, 2), 20)
+
+
+async def test_fully_async_gate_never_waits_and_takes_new_weights_at_the_next_step(
+    tiny_dir, sync_server, sync_clients
+):
+    """fully_async: explore steps run with no weights published at all; once the trainer publishes
+    (every sync_interval = 2 steps), the next step boundary loads the new version, and the gate's
+    metrics keep the load apart from the (absent) wait."""
+    core, address = await sync_server(method="memory", style="fully_async", interval=2)
+    trainer = await sync_clients(address, "trainer", "trainer")
+    explorer = await sync_clients(address, "e0", "explorer")
+    source, target = load_model(tiny_dir), load_model(tiny_dir)
+    loaded: list[int] = []
+
+    class Result:
+        def __init__(self, version):
+            self.version, self.step, self.checkpoint_path = version, version, ""
+
+    async def sync():
+        sd = perturbed_state_dict(source, seed=20 + core.trainer_step)
+        await trainer.push_weights(sd, version=core.trainer_step, step=core.trainer_step)
+        sync.last = sd
+        return Result(core.trainer_step)
+
+    async def load(named, version):
+        load_weights(target, named)
+        loaded.append(version)
+
+    hook = TrainerSyncHook(trainer, "memory", sync)
+    gate = ExplorerSyncGate(explorer, MemoryFetch(explorer, load), timeout_s=20)
+    for step in range(1, 6):  # far ahead of a trainer that has published nothing
+        await asyncio.wait_for(gate.before_step(step, 0), 10)
+    assert loaded == [] and gate.step_metrics()["time/load_weights"] == 0.0
+    assert await hook.after_step(1) == {}  # not on the interval yet
+    assert (await hook.after_step(2))["sync/model_version"] == 2.0
+    await asyncio.wait_for(gate.before_step(6, 0), 10)
+    assert loaded == [2] and gate.held == 2
+    assert gate.step_metrics()["time/load_weights"] > 0.0
+    await gate.settle()
+    assert_bit_equal(target, sync.last)
+    # the synchronizer never saw the explorer wait (a `wait` event is written whenever one blocks)
+    assert [e for e in core.history if e.kind == "wait"] == []

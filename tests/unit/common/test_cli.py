@@ -92,6 +92,14 @@ def test_config_show_prints_defaults_and_resolved(tmp_path):
     assert "warning: explorer.rollout_model.use_v1: False has no effect here" in derived.output
 
 
+def test_config_show_resolves_the_fully_async_staleness_bound(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("synchronizer: {sync_style: fully_async, sync_interval: 2}\n")
+    result = runner.invoke(app, ["config", "show", str(cfg)])
+    assert result.exit_code == 0, result.output
+    assert "max_staleness: 8" in result.output.split("resolved:")[1]  # 4 publishes x sync_interval
+
+
 def test_serve_unknown_service():
     result = runner.invoke(app, ["serve", "bufer", "--config", "run.yaml"])
     assert result.exit_code == 2

@@ -22,7 +22,7 @@ def test_seed_ppo_example_resolves_batch_sizes():
     assert config.algorithm.optimizer.lr == pytest.approx(1e-6)
     assert config.trainer.trainer_config["critic"]["optim"]["lr"] == pytest.approx(1e-5)
     assert [t.name for t in r.tasksets] == ["gsm8k", "math"]
-    assert r.rollout_args(r.tasksets[1])["temperature"] == 1.0
+    assert r.sampling_params(r.tasksets[1]).temperature == 1.0
     assert r.gpu_split == {"total": 8, "rollout": 2, "auxiliary": 2, "trainer": 4}
     assert config.model.model_path.endswith("/models/Qwen2-7B-Instruct")
     assert not config.model.model_path.startswith("$")  # ${oc.env:HOME} resolved
@@ -76,7 +76,7 @@ def test_bad_choice_lists_allowed_values():
     err = _error("synchronizer:\n  sync_style: fixd\n")
     assert str(err.problems[0]) == (
         "synchronizer.sync_style: 'fixd' is not allowed; allowed: 'fixed', 'explorer_driven', "
-        "'trainer_driven'; did you mean `fixed`?"
+        "'trainer_driven', 'fully_async'; did you mean `fixed`?"
     )
 
 

@@ -25,7 +25,7 @@ def test_rollout_model_twins_resolve_to_one_value_and_reach_the_engine_config():
     r = resolve(config)
     assert (r.max_response_tokens, r.max_prompt_tokens, r.max_model_len) == (12, 20, 32)
     assert r.enable_thinking is False and r.chat_template == "{{ x }}"
-    assert r.rollout_args(r.tasksets[0])["max_tokens"] == 12
+    assert r.sampling_params(r.tasksets[0]).max_tokens == 12
     engine = r.rollout_model
     assert (engine.max_model_len, engine.max_prompt_tokens, engine.max_response_tokens) == (32, 20, 12)
 
@@ -50,7 +50,7 @@ def test_twins_that_disagree_are_refused_naming_both():
 
 def test_the_response_limit_is_derived_from_the_model_length():
     r = resolve(load_config(text=TASKSET + "model: {max_model_len: 100, max_prompt_tokens: 60}"))
-    assert r.max_response_tokens == 40 and r.rollout_args(r.tasksets[0])["max_tokens"] == 40
+    assert r.max_response_tokens == 40 and r.sampling_params(r.tasksets[0]).max_tokens == 40
 
 
 def test_no_derivable_limit_is_refused_with_a_suggestion():

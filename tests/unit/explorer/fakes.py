@@ -7,7 +7,14 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from services.common.config import RFTConfig, resolve
 from services.explorer.engines.base import GenerationOutput, SamplingParams, per_prompt_params
+
+
+def sampling(**fields) -> SamplingParams:
+    """The default config's sampling params (`model.*` defaults) with `fields` replaced; a test gives
+    `max_tokens`, as the default config resolves none."""
+    return resolve(RFTConfig()).sampling_params(**fields)
 
 
 class CharTokenizer:

@@ -11,12 +11,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from services.common.config import FormatConfig, InferenceModelConfig
-from services.explorer.auxiliary import OpenAIModel, build_auxiliary_models
+from services.explorer.auxiliary import LocalChatModel, OpenAIModel, build_auxiliary_models
 from services.explorer.model_wrapper import ModelWrapper
 from services.explorer.runner import WorkflowRunner
 from services.explorer.tasks import Task
 
-from .fakes import ScriptedEngine
+from .fakes import ScriptedEngine, sampling
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -90,7 +90,7 @@ async def test_math_workflow_with_an_llm_judge(server):
     task = Task(
         task_id="t/0", index=0, taskset="t", raw={"question": "3+4?", "answer": "7"}, workflow="math",
         format=FormatConfig(prompt_key="question", response_key="answer"), repeat_times=2,
-        workflow_args={"judge": True, "correct_threshold": 0.5}, rollout_args={"max_tokens": 8},
+        workflow_args={"judge": True, "correct_threshold": 0.5}, sampling=sampling(max_tokens=8),
     )  # fmt: skip
     result = await WorkflowRunner(ModelWrapper(ScriptedEngine(["7", "9"])), auxiliary_models=[judge]).run(
         task
@@ -99,3 +99,20 @@ async def test_math_workflow_with_an_llm_judge(server):
     assert [e.reward for e in result.experiences] == [0.8, 0.0]
     assert [e.metrics["accuracy"] for e in result.experiences] == [1.0, 0.0]
     await judge.close()
+
+
+async def test_a_local_judge_samples_greedily_within_its_configured_limit():
+    engine = ScriptedEngine(["0.5 yes"])
+    cfg = InferenceModelConfig(model_path="judge", max_response_tokens=3)
+    judge = LocalChatModel(ModelWrapper(engine), cfg, "explorer.auxiliary_models[0]")
+    assert await judge.chat_async([{"role": "user", "content": "q"}]) == "0.5"
+    params = engine.calls[-1][1]
+    assert (params.temperature, params.max_tokens, params.n) == (0.0, 3, 1)
+    assert await judge.chat_async([{"role": "user", "content": "q"}], temperature=0.5) == "0.5"
+    assert engine.calls[-1][1].temperature == 0.5
+    unset = LocalChatModel(
+        ModelWrapper(engine), InferenceModelConfig(model_path="judge"), "explorer.auxiliary_models[1]"
+    )
+    with pytest.raises(ValueError, match=r"explorer\.auxiliary_models\[1\]\.max_response_tokens: not set"):
+        await unset.chat_async([{"role": "user", "content": "q"}])
+    assert await unset.chat_async([{"role": "user", "content": "q"}], max_tokens=2) == "0."

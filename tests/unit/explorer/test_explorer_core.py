@@ -12,7 +12,7 @@ import torch
 
 from services.common.config import load_config
 from services.common.experience import Experience
-from services.explorer.core import ExplorerCore, find_checkpoints
+from services.explorer.core import ExplorationFailed, ExplorerCore, find_checkpoints
 from services.explorer.metrics import eval_metrics, pass_at
 from services.explorer.runner import TaskResult
 from services.explorer.sink import MemorySink
@@ -171,6 +171,16 @@ async def test_failing_and_hanging_workflows_are_retried_and_counted_while_other
     assert ids == {"train/0", "train/1", "train/2", "train/6"}
 
 
+async def test_a_step_whose_every_task_fails_ends_exploration_with_the_first_error(tmp_path):
+    """Nothing to train on would leave the trainer waiting for that step forever: the explorer stops
+    and says why (the run's failure message shows it) instead of hanging."""
+    rows = [{"question": "f", "answer": "0", "wf": "test_explorer_failing"}] * 2
+    core = await _core(_config(tmp_path, rows, batch=2, timeout=0.3))
+    with pytest.raises(ExplorationFailed, match=r"every task of explore step 1 failed \(2 of 2") as err:
+        await core.explore(1)
+    assert "first error, task train/0" in str(err.value) and core.step == 0 and not core.sink.experiences
+
+
 async def test_resume_continues_after_the_last_step(tmp_path):
     config = _config(tmp_path, _rows(10), batch=3)
     core = await _core(config)
@@ -254,8 +264,7 @@ async def test_version_gate_holds_steps_until_weights_arrive(tmp_path):
     core = await _core(config, gate=gate)
     await core.explore(2)  # steps 1, 2 need version 0
     next_step = asyncio.ensure_future(core.explore_step())
-    while gate.waiting_for is None:  # step 3 needs version 1
-        await asyncio.sleep(0)  # ok-sleep: yield until the step blocks on the gate
+    await asyncio.wait_for(gate.blocked.wait(), 10)  # step 3 needs version 1
     assert gate.waiting_for == 1 and not next_step.done()
     await core.load_weights([], version=1)
     assert (await next_step).step == 3

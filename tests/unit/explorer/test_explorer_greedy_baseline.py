@@ -11,7 +11,7 @@ from services.explorer.runner import WorkflowRunner
 from services.explorer.scheduler import TaskFactory
 from services.explorer.tasks import Task
 
-from .fakes import ScriptedEngine
+from .fakes import ScriptedEngine, sampling
 
 
 class GreedyRightEngine(ScriptedEngine):
@@ -32,7 +32,7 @@ def _task(**kw) -> Task:
         workflow="math",
         format=FormatConfig(prompt_key="question", response_key="answer"),
         reward_fn="gsm8k",
-        rollout_args={"max_tokens": 10, "temperature": 1.0},
+        sampling=sampling(max_tokens=10, temperature=1.0),
         repeat_times=3,
         **kw,
     )
@@ -59,7 +59,7 @@ async def test_without_the_flag_no_greedy_run():
 
 def test_remax_config_turns_it_on_for_training_tasks_only(tmp_path):
     def factory(algorithm, is_eval=False):
-        tree = {"model": {"model_path": str(tmp_path)}, "algorithm": algorithm}
+        tree = {"model": {"model_path": str(tmp_path), "max_response_tokens": 8}, "algorithm": algorithm}
         resolved = resolve(RFTConfig.model_validate(tree))
         cfg = TasksetConfig(name="t", path=str(tmp_path))
         return TaskFactory(resolved, cfg, "t", is_eval=is_eval, needs_response=lambda _: True)

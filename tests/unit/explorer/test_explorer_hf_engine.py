@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from services.common.weight_sync import WeightLoadError
-from services.explorer.engines.base import SamplingParams
 from services.explorer.engines.hf import HFEngine
+
+from .fakes import sampling
 
 
 def _prompts(engine: HFEngine) -> list[list[int]]:
@@ -48,7 +49,7 @@ def _reference_logprobs(model, prompt, response, temperature, top_k=-1, top_p=1.
 )
 def test_logprobs_equal_teacher_forced_forward(hf_engine, temperature, top_k, top_p):
     prompts = _prompts(hf_engine)  # different lengths: left padding inside one micro-batch
-    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=12, n=2)
+    params = sampling(temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=12, n=2)
     outs = hf_engine.generate_sync(prompts, params)
     assert [len(g) for g in outs] == [2] * len(prompts)
     for prompt, group in zip(prompts, outs, strict=True):
@@ -65,7 +66,7 @@ def test_seeded_generation_is_reproducible(tiny_model_dir):
     b = HFEngine.from_pretrained(str(tiny_model_dir), device="cpu", seed=123)
     c = HFEngine.from_pretrained(str(tiny_model_dir), device="cpu", seed=124)
     prompts = _prompts(a)
-    params = SamplingParams(temperature=1.0, max_tokens=10, n=3)
+    params = sampling(temperature=1.0, max_tokens=10, n=3)
     ra, rb, rc = (e.generate_sync(prompts, params) for e in (a, b, c))
     ids = lambda r: [[o.token_ids for o in g] for g in r]  # noqa: E731
     assert ids(ra) == ids(rb)
@@ -77,7 +78,7 @@ def test_seeded_generation_is_reproducible(tiny_model_dir):
 
 def test_greedy_matches_argmax_and_rows_stop_on_their_own_limits(hf_engine):
     prompts = _prompts(hf_engine)
-    params = [SamplingParams(temperature=0, max_tokens=3 + i) for i in range(len(prompts))]
+    params = [sampling(temperature=0, max_tokens=3 + i) for i in range(len(prompts))]
     outs = hf_engine.generate_sync(prompts, params)
     for i, (prompt, group) in enumerate(zip(prompts, outs, strict=True)):
         o = group[0]
@@ -90,26 +91,24 @@ def test_greedy_matches_argmax_and_rows_stop_on_their_own_limits(hf_engine):
 
 def test_stop_token_ids_end_rows_early_and_min_tokens_holds(hf_engine):
     prompt = _prompts(hf_engine)[1]
-    greedy = hf_engine.generate_sync([prompt], SamplingParams(temperature=0, max_tokens=8))[0][0]
+    greedy = hf_engine.generate_sync([prompt], sampling(temperature=0, max_tokens=8))[0][0]
     stop_at = greedy.token_ids[2]
     first = greedy.token_ids.index(stop_at)
-    out = hf_engine.generate_sync(
-        [prompt], SamplingParams(temperature=0, max_tokens=8, stop_token_ids=(stop_at,))
-    )
+    out = hf_engine.generate_sync([prompt], sampling(temperature=0, max_tokens=8, stop_token_ids=(stop_at,)))
     o = out[0][0]
     assert o.finish_reason == "stop" and o.token_ids == greedy.token_ids[: first + 1]
     held = hf_engine.generate_sync(
-        [prompt], SamplingParams(temperature=0, max_tokens=8, min_tokens=6, stop_token_ids=(stop_at,))
+        [prompt], sampling(temperature=0, max_tokens=8, min_tokens=6, stop_token_ids=(stop_at,))
     )[0][0]
     assert stop_at not in held.token_ids[:5] and len(held.token_ids) >= 6
 
 
 def test_stop_string_cuts_text(hf_engine):
     prompt = _prompts(hf_engine)[0]
-    greedy = hf_engine.generate_sync([prompt], SamplingParams(temperature=0, max_tokens=10))[0][0]
+    greedy = hf_engine.generate_sync([prompt], sampling(temperature=0, max_tokens=10))[0][0]
     stop = greedy.text[3:5]
     assert stop
-    o = hf_engine.generate_sync([prompt], SamplingParams(temperature=0, max_tokens=10, stop=(stop,)))[0][0]
+    o = hf_engine.generate_sync([prompt], sampling(temperature=0, max_tokens=10, stop=(stop,)))[0][0]
     assert o.finish_reason == "stop" and stop not in o.text and greedy.text.startswith(o.text)
     assert len(o.token_ids) <= len(greedy.token_ids)
 
@@ -117,7 +116,7 @@ def test_stop_string_cuts_text(hf_engine):
 async def test_concurrent_requests_are_batched_and_keep_their_order(tiny_model_dir):
     engine = HFEngine.from_pretrained(str(tiny_model_dir), device="cpu", seed=3)
     prompts = _prompts(engine)
-    params = SamplingParams(temperature=0, max_tokens=5)
+    params = sampling(temperature=0, max_tokens=5)
     results = await asyncio.gather(*(engine.generate([p], params) for p in prompts))
     expected = engine.generate_sync(prompts, params)
     assert [r[0][0].token_ids for r in results] == [g[0].token_ids for g in expected]
@@ -127,7 +126,7 @@ async def test_concurrent_requests_are_batched_and_keep_their_order(tiny_model_d
 async def test_load_weights_changes_outputs_and_version(tiny_model_dir):
     engine = HFEngine.from_pretrained(str(tiny_model_dir), device="cpu", seed=3)
     prompt = _prompts(engine)[0]
-    params = SamplingParams(temperature=0, max_tokens=6)
+    params = sampling(temperature=0, max_tokens=6)
     before = (await engine.generate([prompt], params))[0][0]
     assert before.model_version == 0
     named = [(n, torch.randn_like(p) * 0.5) for n, p in engine.model.named_parameters()]

@@ -8,9 +8,10 @@ import torch
 from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
 from services.common.modeling import load_model, load_tokenizer
-from services.explorer.engines.base import SamplingParams
 from services.explorer.engines.hf_generate import HFGenerator, Row
 from services.explorer.engines.lean_decoder import LeanDecoder, unsupported
+
+from .fakes import sampling
 
 
 @pytest.fixture(scope="module")
@@ -54,9 +55,7 @@ def test_sampling_draws_the_same_tokens_with_either_forward(model, tiny_model_di
     tok = load_tokenizer(tiny_model_dir)
     prompts = [tok.encode(t) for t in ("1+2=", "the answer is 12+34=", "7")]
     rows = [
-        Row(p, SamplingParams(temperature=0.9, max_tokens=10, ignore_eos=True))
-        for p in prompts
-        for _ in range(3)
+        Row(p, sampling(temperature=0.9, max_tokens=10, ignore_eos=True)) for p in prompts for _ in range(3)
     ]
     outs = {}
     for lean in (True, False):

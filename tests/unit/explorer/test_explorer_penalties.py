@@ -10,9 +10,10 @@ from transformers import RepetitionPenaltyLogitsProcessor
 
 from services.common.config import load_config, resolve
 from services.common.modeling import load_model, load_tokenizer
-from services.explorer.engines.base import SamplingParams
 from services.explorer.engines.hf import HFEngine
 from services.explorer.engines.sampling import apply_repetition_penalty
+
+from .fakes import sampling
 
 CONFIG = """
 model: {model_path: MODEL, max_response_tokens: 8, min_response_tokens: 5, repetition_penalty: 1.7}
@@ -41,7 +42,7 @@ def _reference(model, prompt, response, temperature, penalty=1.0, eos=(), min_to
 def test_the_config_keys_reach_the_sampling_params(tmp_path):
     config = load_config(text=CONFIG.replace("MODEL", str(tmp_path)))
     res = resolve(config)
-    params = SamplingParams.from_args(res.rollout_args(res.tasksets[0]))
+    params = res.sampling_params(res.tasksets[0])
     assert (params.min_tokens, params.repetition_penalty, params.max_tokens) == (5, 1.7, 8)
 
 
@@ -57,18 +58,16 @@ def test_penalty_of_one_changes_nothing_and_signs_are_handled():
 def test_repetition_penalty_logprobs_equal_transformers_processor(hf_engine, penalty):
     tok = hf_engine.tokenizer
     prompts = [tok.encode("1+1=1+1=1+1="), tok.encode("7 7 7"), tok.encode("the answer is")]
-    params = [
-        SamplingParams(temperature=0.9, max_tokens=10, n=2, repetition_penalty=penalty, ignore_eos=True)
-    ] * 3
-    params[2] = params[2].with_(repetition_penalty=1.0)  # rows with and without a penalty in one batch
+    params = [sampling(temperature=0.9, max_tokens=10, n=2, repetition_penalty=penalty, ignore_eos=True)] * 3
+    params[2] = params[2].replace(repetition_penalty=1.0)  # rows with and without a penalty in one batch
     outs = hf_engine.generate_sync(prompts, params)
     for prompt, group, p in zip(prompts, outs, params, strict=True):
         for o in group:
             ref = _reference(hf_engine.model, prompt, o.token_ids, 0.9, penalty=p.repetition_penalty)
             torch.testing.assert_close(o.logprobs, ref, atol=1e-4, rtol=0)
-    greedy = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    greedy = sampling(temperature=0, max_tokens=10, ignore_eos=True)
     plain = hf_engine.generate_sync(prompts[:1], greedy)[0][0]
-    strong = hf_engine.generate_sync(prompts[:1], greedy.with_(repetition_penalty=50.0))[0][0]
+    strong = hf_engine.generate_sync(prompts[:1], greedy.replace(repetition_penalty=50.0))[0][0]
     assert strong.token_ids != plain.token_ids
     assert len(set(strong.token_ids)) == len(strong.token_ids)  # a strong penalty never repeats a token
 
@@ -80,13 +79,11 @@ def test_min_tokens_gives_eos_no_probability_before_the_limit(tiny_model_dir):
         favourite = int(model(torch.tensor([prompt])).logits[0, -1].argmax())
     model.generation_config.eos_token_id = favourite  # EOS is the model's first choice: it would stop at once
     engine = HFEngine(model, tokenizer, seed=3, micro_batch_size=4)
-    greedy = SamplingParams(temperature=0, max_tokens=12)
+    greedy = sampling(temperature=0, max_tokens=12)
     assert engine.generate_sync([prompt], greedy)[0][0].token_ids == [favourite]
-    held = engine.generate_sync([prompt], greedy.with_(min_tokens=5))[0][0]
+    held = engine.generate_sync([prompt], greedy.replace(min_tokens=5))[0][0]
     assert len(held.token_ids) >= 5 and favourite not in held.token_ids[:5]
-    sampled = engine.generate_sync(
-        [prompt], SamplingParams(temperature=1.2, max_tokens=12, min_tokens=4, n=6)
-    )[0]
+    sampled = engine.generate_sync([prompt], sampling(temperature=1.2, max_tokens=12, min_tokens=4, n=6))[0]
     for o in sampled:
         assert favourite not in o.token_ids[:4]
         ref = _reference(model, prompt, o.token_ids, 1.2, eos=(favourite,), min_tokens=4)

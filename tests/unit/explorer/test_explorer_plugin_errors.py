@@ -12,7 +12,7 @@ from services.explorer.runner import WorkflowRunner
 from services.explorer.scheduler import open_tasksets
 from services.explorer.tasks import Task
 
-from .fakes import ScriptedEngine
+from .fakes import ScriptedEngine, sampling
 
 
 def _open(tmp_path, **taskset: str):
@@ -45,7 +45,7 @@ async def test_a_plugin_import_error_while_a_task_runs_is_not_retried():
     engine = ScriptedEngine(["#### 2"])
     task = Task(
         task_id="t/0", index=0, taskset="t", raw={"question": "1+1", "answer": "2"}, workflow="math",
-        format=FormatConfig(prompt_key="question", response_key="answer"), rollout_args={"max_tokens": 8},
+        format=FormatConfig(prompt_key="question", response_key="answer"), sampling=sampling(max_tokens=8),
         reward_fn="explorer_row_rewards_missing:score",
     )  # fmt: skip
     result = await WorkflowRunner(ModelWrapper(engine), max_retry_times=3).run(task)

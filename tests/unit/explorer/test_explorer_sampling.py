@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import torch
 
-from services.explorer.engines.base import SamplingParams
 from services.explorer.engines.sampling import RowParams, filtered_logprobs, sample
+
+from .fakes import sampling
 
 
 def test_draw_frequencies_match_the_filtered_distribution():
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(1, 40, generator=g) * 2
-    rows = RowParams.build([SamplingParams(temperature=0.8, top_k=12, max_tokens=1)] * 4000, "cpu")
+    rows = RowParams.build([sampling(temperature=0.8, top_k=12, max_tokens=1)] * 4000, "cpu")
     batch = logits.expand(4000, -1).contiguous()
     p = filtered_logprobs(
-        logits, RowParams.build([SamplingParams(temperature=0.8, top_k=12, max_tokens=1)], "cpu")
+        logits, RowParams.build([sampling(temperature=0.8, top_k=12, max_tokens=1)], "cpu")
     )[0].exp()
     counts = torch.zeros(40)
     for _ in range(5):
@@ -31,7 +32,5 @@ def test_draw_frequencies_match_the_filtered_distribution():
 def test_one_token_with_all_the_mass_is_always_drawn():
     logits = torch.full((64, 30), -1e9)
     logits[:, 7] = 0.0
-    tokens, lp = sample(
-        logits, RowParams.build([SamplingParams(temperature=1.0, max_tokens=1)] * 64, "cpu"), None
-    )
+    tokens, lp = sample(logits, RowParams.build([sampling(temperature=1.0, max_tokens=1)] * 64, "cpu"), None)
     assert (tokens == 7).all() and torch.allclose(lp, torch.zeros(64))

@@ -142,12 +142,8 @@ buffer:
     a0, b0 = batch[0], batch[1]
     assert a0.workflow == "math" and a0.reward_fn == "gsm8k" and a0.repeat_times == 4
     assert a0.messages() == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "0+1"}]
-    assert (
-        a0.ground_truth == "1"
-        and a0.rollout_args["temperature"] == 0.9
-        and a0.rollout_args["max_tokens"] == 7
-    )
-    assert b0.workflow == "arithmetic" and b0.rollout_args["temperature"] == 0.5
+    assert a0.ground_truth == "1" and a0.sampling.temperature == 0.9 and a0.sampling.max_tokens == 7
+    assert b0.workflow == "arithmetic" and b0.sampling.temperature == 0.5
     total = len(batch)
     while batch := sched.next_batch(4):
         total += len(batch)

@@ -18,14 +18,14 @@ from services.explorer.workflows.tool_arithmetic import (
     final_integer,
 )
 
-from .fakes import ScriptedEngine
+from .fakes import ScriptedEngine, sampling
 
 CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "3+4"}}\n</tool_call>'
 FORMAT = FormatConfig(prompt_key="question", response_key="answer")
 
 
 def _task(raw, workflow="tool_arithmetic", **kw) -> Task:
-    kw.setdefault("rollout_args", {"max_tokens": 100})
+    kw.setdefault("sampling", sampling(max_tokens=100))
     return Task(task_id="t/0", index=0, taskset="t", raw=raw, workflow=workflow, format=FORMAT, **kw)
 
 
@@ -110,7 +110,7 @@ async def test_multi_turn_renders_the_rows_tools_and_parses_with_the_named_parse
         raw={"question": "q", "my_tools": [spec]},
         workflow="multi_turn",
         format=FormatConfig(prompt_key="question", tools_key="my_tools"),
-        rollout_args={"max_tokens": 80},
+        sampling=sampling(max_tokens=80),
         workflow_args={"env": Echo},
     )
     result = await WorkflowRunner(model).run(task)

@@ -10,7 +10,8 @@ import torch
 
 from services.common.config import InferenceModelConfig
 from services.explorer.engines import ENGINES
-from services.explorer.engines.base import SamplingParams
+
+from .fakes import sampling
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 
@@ -38,14 +39,14 @@ async def test_vllm_generates_with_logprobs_and_loads_weights(tiny_model_dir):
     engine = VLLMEngine.from_config(cfg, str(tiny_model_dir))
     try:
         prompt = engine.tokenizer.encode("1+2=")
-        outs = await engine.generate([prompt], SamplingParams(temperature=0.8, max_tokens=8, n=2))
+        outs = await engine.generate([prompt], sampling(temperature=0.8, max_tokens=8, n=2))
         assert len(outs[0]) == 2 and all(len(o.token_ids) == len(o.logprobs) for o in outs[0])
         assert all((o.logprobs <= 0).all() for o in outs[0])
         from services.common.modeling import load_model
 
         model = load_model(tiny_model_dir)
         await engine.load_weights([(n, p * 0.5) for n, p in model.named_parameters()], version=2)
-        again = await engine.generate([prompt], SamplingParams(temperature=0, max_tokens=4))
+        again = await engine.generate([prompt], sampling(temperature=0, max_tokens=4))
         assert again[0][0].model_version == 2
     finally:
         await engine.close()

@@ -16,12 +16,12 @@ from services.explorer.workflows import WORKFLOWS, workflow_class
 from services.explorer.workflows.arithmetic import arithmetic_reward, make_arithmetic_rows
 from services.explorer.workflows.multi_turn import GuessNumberEnv
 
-from .fakes import ScriptedEngine
+from .fakes import ScriptedEngine, sampling
 
 
 def _task(raw, workflow="math", **kw) -> Task:
     fmt = kw.pop("format", FormatConfig(prompt_key="question", response_key="answer"))
-    kw.setdefault("rollout_args", {"max_tokens": 16})  # what the config resolves; engines have no default
+    kw.setdefault("sampling", sampling(max_tokens=16))  # what the config resolves; engines have no default
     return Task(task_id="t/0", index=0, taskset="t", raw=raw, workflow=workflow, format=fmt, **kw)
 
 
@@ -31,7 +31,7 @@ async def test_math_workflow_scores_each_sample_with_the_named_reward():
         {"question": "3+4?", "answer": "7"},
         repeat_times=3,
         reward_fn="gsm8k",
-        rollout_args={"max_tokens": 20},
+        sampling=sampling(max_tokens=20),
     )
     result = await WorkflowRunner(ModelWrapper(engine)).run(task)
     assert result.ok and len(result.runs) == 1
@@ -50,7 +50,7 @@ async def test_math_workflow_uses_data_source_and_math_verify():
     engine = ScriptedEngine(["The answer is \\boxed{\\frac{1}{2}}"])
     task = _task(
         {"question": "half?", "answer": "0.5", "data_source": "lighteval/MATH"},
-        rollout_args={"max_tokens": 64},
+        sampling=sampling(max_tokens=64),
     )
     exps = (await WorkflowRunner(ModelWrapper(engine)).run(task)).runs[0]
     assert exps[0].reward == 1.0
@@ -69,7 +69,7 @@ async def test_arithmetic_workflow_on_the_tiny_model(hf_engine):
         {"question": "3+4=", "answer": "7"},
         workflow="arithmetic",
         repeat_times=4,
-        rollout_args={"temperature": 1.0, "max_tokens": 6},
+        sampling=sampling(temperature=1.0, max_tokens=6),
     )
     result = await WorkflowRunner(ModelWrapper(hf_engine)).run(task)
     assert result.ok
@@ -104,7 +104,7 @@ async def test_multi_turn_masks_observation_tokens():
         {"question": "q"},
         workflow="multi_turn",
         workflow_args={"env": lambda: env, "max_turns": 5},
-        rollout_args={"max_tokens": 16},
+        sampling=sampling(max_tokens=16),
     )
     exps = (await WorkflowRunner(wrapper).run(task)).experiences
     assert len(exps) == 1
@@ -130,7 +130,7 @@ async def test_multi_turn_guess_number_on_the_tiny_model(hf_engine):
         workflow="multi_turn",
         repeat_times=2,
         workflow_args={"max_turns": 3},
-        rollout_args={"max_tokens": 4},
+        sampling=sampling(max_tokens=4),
     )
     result = await WorkflowRunner(ModelWrapper(hf_engine)).run(task)
     assert result.ok and len(result.runs) == 2  # can_repeat False: one run per sample
@@ -149,11 +149,13 @@ def test_guess_number_env():
 
 async def test_prompt_truncation_keeps_the_tail_or_refuses():
     engine = ScriptedEngine(["x"])
-    exps = await ModelWrapper(engine, max_prompt_tokens=5).generate_async(["abcdefgh"], max_tokens=4)
+    exps = await ModelWrapper(engine, max_prompt_tokens=5).generate_async(
+        ["abcdefgh"], sampling(max_tokens=4)
+    )
     assert engine.calls[-1][0] == [ord(c) for c in "defgh"] and exps[0].info["prompt_truncated"] == "1"
     strict = ModelWrapper(engine, max_prompt_tokens=5, enable_prompt_truncation=False)
     with pytest.raises(PromptTooLong):
-        await strict.generate_async(["abcdefgh"], max_tokens=4)
+        await strict.generate_async(["abcdefgh"], sampling(max_tokens=4))
     task = _task({"question": "a long question"}, workflow="math")
     result = await WorkflowRunner(strict, max_retry_times=3).run(task)
     assert not result.ok and result.attempts == 1 and "max_prompt_tokens" in result.error
@@ -170,7 +172,7 @@ class SyncEcho:
         self.task, self.model = task, model
 
     def run(self):
-        exps = self.model.generate([self.task.raw["question"]], max_tokens=3)
+        exps = self.model.generate([self.task.raw["question"]], self.task.sampling, max_tokens=3)
         for e in exps:
             e.reward = 0.25
         return exps

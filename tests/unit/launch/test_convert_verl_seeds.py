@@ -63,9 +63,7 @@ def meaning(config: RFTConfig) -> dict[str, Any]:
         "eval_interval": config.explorer.eval_interval,
         "prompts_per_eval": config.explorer.eval_interval * config.buffer.batch_size,
         "eval_on_startup": config.explorer.eval_on_startup,
-        "eval_temperature": [
-            r.rollout_args(t)["temperature"] for t in config.buffer.explorer_input.eval_tasksets
-        ],
+        "eval_temperature": [r.temperature(t) for t in config.buffer.explorer_input.eval_tasksets],
         "node_num": config.cluster.node_num,
         "gpu_per_node": config.cluster.gpu_per_node,
         "gpu_split": r.gpu_split,

@@ -22,43 +22,109 @@ def core_of(method="checkpoint", style="fixed", interval=1, offset=0, **kw) -> S
     return SynchronizerCore(Settings(method=method, plan=SyncPlan(style, interval, offset), **kw))
 
 
-async def run_pipeline(core: SynchronizerCore, steps: int) -> list[tuple]:
-    """A trainer and an explorer loop over the core (checkpoint method); returns their event log.
+class Turns:
+    """Explicit turns for the pipeline's two loops: the explorer, then the trainer, round after round.
 
-    Explorer step s produces batch s; trainer step t consumes batch t. `("explore", s, v)`: step s
-    started holding version v; `("waited", s)`: the explorer had to wait before step s (logged
-    when that wait returns).
+    A loop acts only inside its turn (`await take(name)` ... `end()`); a turn is one step's worth of
+    work, so the turns stand for the time steps take. The explorer's turn also ends when it blocks in
+    `wait_for_version` (the core shows it waiting for a version not yet published), and it is passed
+    over while it stays blocked. So the log is the same whatever order the event loop wakes tasks in.
+    """
+
+    def __init__(self, core: SynchronizerCore):
+        self.core = core
+        self.go = {"explorer": asyncio.Event(), "trainer": asyncio.Event()}
+        self.ended = asyncio.Event()
+        self.finished: set[str] = set()
+
+    async def take(self, name: str) -> None:
+        await self.go[name].wait()
+        self.go[name].clear()
+
+    def end(self, finished: str | None = None) -> None:
+        if finished:
+            self.finished.add(finished)
+        self.ended.set()
+
+    def explorer_blocked(self) -> bool:
+        m = self.core.members["explorer"]
+        return m.status == MemberStatus.REQUIRE_SYNC and self.core.published.version < m.wants_version
+
+    async def turn(self, name: str) -> None:
+        if name in self.finished or (name == "explorer" and self.explorer_blocked()):
+            return
+        self.ended.clear()
+        self.go[name].set()
+        ends = [asyncio.ensure_future(self.ended.wait())]
+        if name == "explorer":
+            ends.append(asyncio.ensure_future(self.core.wait_until(self.explorer_blocked, 10)))
+        done, pending = await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for task in done:
+            task.result()
+
+    async def direct(self) -> None:
+        while len(self.finished) < 2:
+            await self.turn("explorer")
+            await self.turn("trainer")
+
+
+async def run_pipeline(core: SynchronizerCore, steps: int) -> list[tuple]:
+    """A trainer and an explorer loop over the core (checkpoint method), in explicit turns (`Turns`);
+    returns their event log.
+
+    Explorer step s produces batch s (handed over at its next turn); trainer step t consumes batch t
+    and asks to publish at its next turn. `("explore", s, v)`: step s started holding version v;
+    `("waited", s)`: the explorer had to wait before step s (logged when that wait returns).
     """
     log: list[tuple] = []
-    batches: asyncio.Queue[int] = asyncio.Queue()
+    batches: list[int] = []
+    turns = Turns(core)
     await core.register("trainer", Role.TRAINER)
     await core.register("explorer", Role.EXPLORER)
 
     async def explorer():
         held = 0
         for s in range(1, steps + 1):
+            await turns.take("explorer")
+            if s > 1:
+                batches.append(s - 1)
             waits = sum(e.kind == "wait" for e in core.history)
             answer = await core.wait_for_version("explorer", step=s, timeout=10)
             assert not answer.timed_out
             if sum(e.kind == "wait" for e in core.history) > waits:
+                await turns.take("explorer")  # it blocked, which ended its turn: go on in a later one
                 log.append(("waited", s))
             if answer.published.version > held:
                 held = answer.published.version
                 await core.report_sync("explorer", held, ok=True)
             log.append(("explore", s, held))
-            await asyncio.sleep(0)  # ok-sleep: a yield, so the trainer may run while a step "explores"
-            batches.put_nowait(s)
+            turns.end()
+        await turns.take("explorer")
+        batches.append(steps)
+        turns.end(finished="explorer")
 
     async def trainer():
         for t in range(1, steps + 1):
-            assert await batches.get() == t
+            await turns.take("trainer")
+            if t > 1 and (await core.request_sync("trainer", t - 1)).accepted:
+                await core.notify_checkpoint(t - 1, t - 1, f"/ckpt/v{t - 1}")
+                log.append(("publish", t - 1))
+            while not batches:  # batch t is not there yet: the turn ends, try again in the next
+                turns.end()
+                await turns.take("trainer")
+            assert batches.pop(0) == t
             log.append(("train", t))
-            await asyncio.sleep(0)  # ok-sleep: a yield while the step "trains"
-            if (await core.request_sync("trainer", t)).accepted:
-                await core.notify_checkpoint(t, t, f"/ckpt/v{t}")
-                log.append(("publish", t))
+            turns.end()
+        await turns.take("trainer")
+        if (await core.request_sync("trainer", steps)).accepted:
+            await core.notify_checkpoint(steps, steps, f"/ckpt/v{steps}")
+            log.append(("publish", steps))
+        turns.end(finished="trainer")
 
-    await asyncio.wait_for(asyncio.gather(explorer(), trainer()), 10)
+    await asyncio.wait_for(asyncio.gather(explorer(), trainer(), turns.direct()), 10)
     return log
 
 

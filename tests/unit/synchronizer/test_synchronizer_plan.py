@@ -63,3 +63,33 @@ def test_synchronizer_plan_rejects_bad_settings():
         SyncPlan("sometimes")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="sync_interval"):
         SyncPlan("fixed", 0, 0)
+
+
+def test_synchronizer_plan_fully_async_explorer_never_waits():
+    """fully_async: whatever the step, the version held or the offset, an explorer needs nothing."""
+    for interval in (1, 2, 5):
+        for offset in (0, 1, 3):
+            plan = SyncPlan("fully_async", interval, offset)
+            assert {
+                plan.explorer_required_version(s, held, last)
+                for s in range(1, 30)
+                for held in (0, 3, 17)
+                for last in (0, s - 1)
+            } == {0}, (interval, offset)
+
+
+def test_synchronizer_plan_fully_async_trainer_publishes_every_interval():
+    every = SyncPlan("fully_async", 1, 0)
+    assert [every.trainer_should_publish(t, t - 1, False) for t in range(1, 6)] == [True] * 5
+    three = SyncPlan("fully_async", 3, 0)
+    # published after step 1: the next publish is due 3 steps later, then again 3 after that
+    assert [three.trainer_should_publish(t, 1, False) for t in range(2, 6)] == [False, False, True, True]
+    assert three.trainer_should_publish(4, 4, False) is False  # already published this step
+    # trainer-side only: a run of 10 steps publishes after 3, 6, 9 (not on a fixed grid after a
+    # late publish, as trainer_driven)
+    last, published = 0, []
+    for t in range(1, 11):
+        if three.trainer_should_publish(t, last, False):
+            last = t
+            published.append(t)
+    assert published == [3, 6, 9]

@@ -1,0 +1,380 @@
+"""Fleet scale: how the buffer and the synchronizer hold up as the number of explorers N grows.
+
+One real buffer service (`python -m services.buffer`, Redis store on a real `redis-server`) and one
+real synchronizer (`python -m services.synchronizer`, `sync_method: memory`, fixed plan, interval 1,
+offset 0 by default) run as processes, fresh for each N in 1, 4, 16, 64 (`--quick`: fewer steps).
+N simulated explorers run as asyncio tasks in `--procs` worker processes (0 = in this process); each
+step an explorer:
+  - waits for the version the plan needs the real way (`ExplorerSyncGate` + `MemoryFetch`:
+    `WaitForVersion`, `PullWeights` when newer, decode, `ReportSync`),
+  - "generates" its batch with a modelled engine: no model compute, `asyncio.sleep(tokens / rate)`
+    (`--tokens-per-s`, per explorer),
+  - puts `--groups` groups of 8 real `Experience`s (64 prompt + 192 response tokens) with
+    `BufferClient.put`.
+A simulated trainer (this process) leases N explorer-steps of experiences per step (`get_batch`),
+acks them and publishes weights of `--weights-mb` MB through the synchronizer (`request_sync`,
+`push_weights`) for all N to pull.
+
+Measured per N over steps 2..S (step 1 warms up): experiences/s through the buffer (acked), put
+latency p50/p99 (each explorer's `put`), lease latency p50/p99 (from the moment the step's last put
+returned, or the lease call if later, until the trainer holds the whole step), the time for a weight
+version to reach all N explorers (push start to the last explorer's load, median over versions),
+synchronizer CPU seconds per step (/proc/<pid>/stat), and how busy the client processes were (CPU
+seconds / wall seconds, the busiest process; near 1.0 = it saturates). The knee (`knee()`) is the
+first N where experiences/s per explorer fall below 80% of the smallest N's or a p99 latency jumps.
+Last line: one JSON object (DESIGN.md section 8): the per-N figures, "ratio" = total experiences/s at
+N=64 over N=4 (the fleet keeps its throughput as it grows) and "target" 0.9.
+
+    python bench/scale.py [--quick] [--ns 1,4,16,64] [--procs 4] [--weights-mb 4] [--steps 12]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import multiprocessing as mp
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "protos")]
+
+import torch  # noqa: E402
+
+from services.common.buffer_client import BufferClient  # noqa: E402
+from services.common.experience import Experience, ExperienceId  # noqa: E402
+from services.common.rpc import create_channel  # noqa: E402
+from services.common.sync_client import SyncClient  # noqa: E402
+from services.common.sync_hooks import ExplorerSyncGate, MemoryFetch  # noqa: E402
+
+GROUP, PROMPT, RESPONSE = 8, 64, 192
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class FleetParams:
+    steps: int = 12
+    groups: int = 2  # groups of GROUP experiences per explorer step
+    tokens_per_s: float = 20_000.0  # modelled generation rate of one explorer
+    weights_mb: float = 4.0
+    sync_offset: int = 0
+
+
+@dataclass
+class ExplorerLog:
+    put_s: list[float] = field(default_factory=list)  # latency of each put, steps 2..S
+    put_end: dict[int, float] = field(default_factory=dict)  # step -> when its put returned
+    loaded: dict[int, float] = field(default_factory=dict)  # version -> when it was loaded
+    cpu_s: float = 0.0
+    wall_s: float = 0.0
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (and its waited-for children) from /proc/<pid>/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11:15]) / CLK_TCK
+
+
+def start_service(module: str, yaml: str, workdir: Path) -> tuple[subprocess.Popen, int]:
+    """`python -m services.<module> --config` in `workdir`; returns the process and its port."""
+    config, port_file = workdir / f"{module}.yaml", workdir / f"{module}.port"
+    config.write_text(yaml)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", f"services.{module}", "--config", str(config), "--port-file", str(port_file)],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'protos'}", "OMP_NUM_THREADS": "1"},
+        stdout=open(workdir / f"{module}.log", "w"), stderr=subprocess.STDOUT,  # noqa: SIM115
+    )  # fmt: skip
+    deadline = time.monotonic() + 90
+    while not port_file.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            log = (workdir / f"{module}.log").read_text()[-2000:]
+            raise RuntimeError(f"services.{module} did not start: {log}")
+        time.sleep(0.05)  # ok-sleep: polling for the port file with a deadline
+    return proc, int(port_file.read_text())
+
+
+def service_configs(redis_url: str, workdir: Path, p: FleetParams) -> dict[str, str]:
+    chunk = 4 << 20
+    return {
+        "buffer": (
+            f"checkpoint_root_dir: {workdir}\nservices:\n  buffer:\n    store: redis\n"
+            f"    redis_url: {redis_url}\n    stream_prefix: scale{os.getpid()}x{time.monotonic_ns()}\n"
+            "buffer:\n  trainer_input:\n    experience_buffer:\n      capacity: 1000000\nlog:\n  level: WARNING\n"
+        ),
+        "synchronizer": (
+            f"checkpoint_root_dir: {workdir}\nsynchronizer:\n  sync_method: memory\n  chunk_bytes: {chunk}\n"
+            f"  sync_offset: {p.sync_offset}\n  sync_timeout: 120\nlog:\n  level: WARNING\n"
+        ),
+    }
+
+
+@contextlib.asynccontextmanager
+async def in_process_services(redis_url: str, workdir: Path, p: FleetParams):
+    """The same buffer and synchronizer, built from the same configs, served in this process (the fast
+    variant tests use); yields (buffer address, synchronizer address)."""
+    from services.buffer.service import build as build_buffer
+    from services.common.config import load_config
+    from services.common.rpc import start_server
+    from services.synchronizer.service import build as build_sync
+
+    started = []
+    try:
+        for module, yaml in service_configs(redis_url, workdir, p).items():
+            path = workdir / f"{module}.yaml"
+            path.write_text(yaml)
+            build = build_buffer if module == "buffer" else build_sync
+            registrations, close = await build(load_config(str(path)))
+            started.append((await start_server(registrations, port=0), close))
+        yield started[0][0].address, started[1][0].address
+    finally:
+        for handle, close in reversed(started):
+            await handle.stop(0)
+            if close is not None:
+                await close()
+
+
+def weights(mb: float) -> dict[str, torch.Tensor]:
+    """A fixed-size float32 state dict: 8 equal tensors."""
+    per = max(1, int(mb * 1e6 / 4 / 8))
+    gen = torch.Generator().manual_seed(0)
+    return {f"layers.{i}.weight": torch.randn(per, generator=gen) for i in range(8)}
+
+
+def step_batch(explorer: str, step: int, groups: int, version: int) -> list[Experience]:
+    tokens = torch.randint(0, 1000, (PROMPT + RESPONSE,))
+    logprobs, mask = -torch.rand(RESPONSE), torch.ones(RESPONSE, dtype=torch.bool)
+    return [
+        Experience(
+            tokens=tokens,
+            prompt_length=PROMPT,
+            logprobs=logprobs,
+            action_mask=mask,
+            reward=1.0,
+            model_version=version,
+            eid=ExperienceId(
+                group_id=f"{explorer}-s{step}-g{g}", suffix=str(i), explorer_id=explorer, step=step
+            ),
+        )
+        for g in range(groups)
+        for i in range(GROUP)
+    ]
+
+
+# ---- explorers -------------------------------------------------------------------------------------
+async def explorer(name: str, buffer_addr: str, sync_addr: str, p: FleetParams) -> ExplorerLog:
+    out = ExplorerLog()
+    sync = SyncClient(create_channel(sync_addr, timeout_s=120), name, "explorer", timeout_s=60,
+                      sync_timeout_s=120, owns_channel=True)  # fmt: skip
+    channel = create_channel(buffer_addr, timeout_s=60)
+    buffer = BufferClient(channel, producer_id=name, timeout_s=60)
+
+    async def load(named, version: int) -> None:  # the modelled engine keeps the decoded weights
+        dict(named)
+        out.loaded.setdefault(version, time.monotonic())
+
+    gate = ExplorerSyncGate(sync, fetch=MemoryFetch(sync, load), timeout_s=120)
+    await sync.register()
+    gen_s = p.groups * GROUP * RESPONSE / p.tokens_per_s
+    for step in range(1, p.steps + 1):
+        await gate.before_step(step, gate.held)
+        await asyncio.sleep(gen_s)  # ok-sleep: the modelled engine generating this step's tokens
+        batch = step_batch(name, step, p.groups, gate.held)
+        t0 = time.monotonic()
+        await buffer.put(batch, vocab_size=1000)
+        out.put_end[step] = time.monotonic()
+        if step > 1:
+            out.put_s.append(out.put_end[step] - t0)
+    await gate.settle()
+    await sync.leave(ok=True)
+    await sync.close()
+    await channel.close()
+    return out
+
+
+async def explorer_fleet(
+    names: list[str], buffer_addr: str, sync_addr: str, p: FleetParams
+) -> list[ExplorerLog]:
+    t0, c0 = time.monotonic(), time.process_time()
+    logs = list(await asyncio.gather(*(explorer(n, buffer_addr, sync_addr, p) for n in names)))
+    logs[0].cpu_s, logs[0].wall_s = time.process_time() - c0, time.monotonic() - t0
+    return logs
+
+
+def _explorer_process(names, buffer_addr, sync_addr, p, queue) -> None:
+    torch.set_num_threads(1)
+    queue.put(asyncio.run(explorer_fleet(names, buffer_addr, sync_addr, p)))
+
+
+# ---- trainer ---------------------------------------------------------------------------------------
+@dataclass
+class TrainerLog:
+    lease_call: dict[int, float] = field(default_factory=dict)  # step -> first get_batch call
+    lease_done: dict[int, float] = field(default_factory=dict)  # step -> whole step held
+    push: dict[int, tuple[float, float]] = field(default_factory=dict)  # version -> (start, end)
+    acked: int = 0
+
+
+async def trainer(n: int, buffer_addr: str, sync_addr: str, p: FleetParams) -> TrainerLog:
+    out, sd = TrainerLog(), weights(p.weights_mb)
+    sync = SyncClient(create_channel(sync_addr, timeout_s=120), "trainer", "trainer", timeout_s=60,
+                      sync_timeout_s=120, owns_channel=True)  # fmt: skip
+    channel = create_channel(buffer_addr, timeout_s=60)
+    buffer = BufferClient(channel, consumer_group="default", timeout_s=60)
+    await sync.register()
+    per_step = n * p.groups * GROUP
+    for step in range(1, p.steps + 1):
+        got, out.lease_call[step] = 0, time.monotonic()
+        while got < per_step:
+            leased = await buffer.get_batch(per_step - got, timeout_ms=60_000)
+            if leased.lease_id:
+                await buffer.ack(leased.lease_id)
+                got += len(leased.experiences)
+        out.lease_done[step], out.acked = time.monotonic(), out.acked + got
+        if step < p.steps and (await sync.request_sync(step)).accepted:
+            t0 = time.monotonic()
+            await sync.push_weights(sd, version=step, step=step)
+            out.push[step] = (t0, time.monotonic())
+    await sync.close()
+    await channel.close()
+    return out
+
+
+# ---- one fleet ---------------------------------------------------------------------------------------
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+
+
+async def run_fleet(
+    n: int, buffer_addr: str, sync_addr: str, p: FleetParams, *, procs: int = 0, sync_pid: int = 0
+) -> dict:
+    """Run N explorers and one trainer for `p.steps` steps against running services; the figures."""
+    names = [f"explorer-{i}" for i in range(n)]
+    c0 = cpu_seconds(sync_pid) if sync_pid else 0.0
+    tr_task = asyncio.create_task(trainer(n, buffer_addr, sync_addr, p))
+    if procs <= 0:
+        logs = await explorer_fleet(names, buffer_addr, sync_addr, p)
+        client_busy = [logs[0].cpu_s / logs[0].wall_s]
+    else:
+        ctx = mp.get_context("spawn")
+        queue = ctx.Queue()
+        parts = [names[i::procs] for i in range(min(procs, n))]
+        workers = [ctx.Process(target=_explorer_process, args=(part, buffer_addr, sync_addr, p, queue))
+                   for part in parts]  # fmt: skip
+        for w in workers:
+            w.start()
+        results = [await asyncio.to_thread(queue.get, True, 600) for _ in workers]
+        for w in workers:  # joined off the loop: the trainer may still be leasing its last step
+            await asyncio.to_thread(w.join, 30)
+        logs = [log for r in results for log in r]
+        client_busy = [r[0].cpu_s / r[0].wall_s for r in results]
+    tr = await tr_task
+    sync_cpu = (cpu_seconds(sync_pid) - c0) if sync_pid else float("nan")
+    steps = range(2, p.steps + 1)
+    window = tr.lease_done[p.steps] - tr.lease_done[1]
+    lease = [tr.lease_done[s] - max(tr.lease_call[s], max(lg.put_end[s] for lg in logs)) for s in steps]
+    reach = [max(min(t for v2, t in lg.loaded.items() if v2 >= v) for lg in logs) - start
+             for v, (start, _) in tr.push.items() if all(any(v2 >= v for v2 in lg.loaded) for lg in logs)]  # fmt: skip
+    puts = [x for lg in logs for x in lg.put_s]
+    rate = n * p.groups * GROUP * (p.steps - 1) / window
+    return {
+        "n": n,
+        "experiences_per_s": round(rate, 1),
+        "per_explorer_per_s": round(rate / n, 2),
+        "put_p50_ms": round(1e3 * pct(puts, 0.5), 2),
+        "put_p99_ms": round(1e3 * pct(puts, 0.99), 2),
+        "lease_p50_ms": round(1e3 * pct(lease, 0.5), 2),
+        "lease_p99_ms": round(1e3 * pct(lease, 0.99), 2),
+        "push_s": round(statistics.median(e - s for s, e in tr.push.values()), 4),
+        "reach_all_s": round(statistics.median(reach), 4) if reach else None,
+        "sync_cpu_s_per_step": round(sync_cpu / p.steps, 4),
+        "client_busy": round(max(client_busy), 2),
+        "acked": tr.acked,
+    }
+
+
+def measure(ns: list[int], p: FleetParams, procs: int) -> list[dict]:
+    from tests.support.redis_server import RedisServer
+
+    rows = []
+    with RedisServer.start() as redis, tempfile.TemporaryDirectory(prefix="rft-scale-") as tmp:
+        for n in ns:
+            work = Path(tmp) / f"n{n}"
+            work.mkdir()
+            yamls = service_configs(redis.url, work, p)
+            started = [start_service(m, y, work) for m, y in yamls.items()]
+            (buf, bport), (syn, sport) = started
+            try:
+                row = asyncio.run(run_fleet(n, f"127.0.0.1:{bport}", f"127.0.0.1:{sport}", p,
+                                            procs=procs, sync_pid=syn.pid))  # fmt: skip
+            finally:
+                for proc, _ in started:
+                    proc.terminate()
+                    proc.wait(30)
+            print(f"[N={n}] {json.dumps(row)}", file=sys.stderr, flush=True)
+            rows.append(row)
+    return rows
+
+
+def knee(rows: list[dict]) -> int | None:
+    """The first N whose experiences/s per explorer fall below 80% of the smallest N's, or whose put or
+    lease p99 exceeds both twice the smallest N's and it plus 50 ms (a p99 of ~11 samples is noisy)."""
+    base = rows[0]
+
+    def jumped(key: str, r: dict) -> bool:
+        return r[key] > max(2 * base[key], base[key] + 50)
+
+    for r in rows[1:]:
+        if r["per_explorer_per_s"] < 0.8 * base["per_explorer_per_s"] or any(
+            jumped(k, r) for k in ("put_p99_ms", "lease_p99_ms")
+        ):
+            return r["n"]
+    return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="6 steps per N instead of 12")
+    parser.add_argument("--ns", default="1,4,16,64", help="comma-separated fleet sizes")
+    parser.add_argument("--procs", type=int, default=4, help="explorer processes (0: in the trainer's)")
+    parser.add_argument("--steps", type=int, default=0, help="steps per N (overrides --quick)")
+    parser.add_argument("--groups", type=int, default=2, help="groups of 8 per explorer step")
+    parser.add_argument("--tokens-per-s", type=float, default=20_000.0, help="modelled rate per explorer")
+    parser.add_argument("--weights-mb", type=float, default=4.0, help="published weights, MB")
+    parser.add_argument("--sync-offset", type=int, default=0)
+    args = parser.parse_args()
+    ns = [int(x) for x in args.ns.split(",")]
+    if not ns or min(ns) < 1:
+        parser.error(f"--ns must list fleet sizes >= 1, got {args.ns!r}")
+    p = FleetParams(args.steps or (6 if args.quick else 12), args.groups, args.tokens_per_s,
+                    args.weights_mb, args.sync_offset)  # fmt: skip
+    rows = measure(ns, p, args.procs)
+    cols = ["n", "experiences_per_s", "per_explorer_per_s", "put_p50_ms", "put_p99_ms", "lease_p50_ms",
+            "lease_p99_ms", "push_s", "reach_all_s", "sync_cpu_s_per_step", "client_busy"]  # fmt: skip
+    print(f"fleet scale: {p.steps} steps per N, {p.groups * GROUP} experiences of {PROMPT + RESPONSE} tokens "
+          f"per explorer step, {p.weights_mb:g} MB weights, explorer processes: {args.procs}")  # fmt: skip
+    print(" ".join(f"{c:>14}" for c in cols))
+    for r in rows:
+        print(" ".join(f"{r[c]!s:>14}" for c in cols))
+    by_n = {r["n"]: r for r in rows}
+    k = knee(rows)
+    print(f"knee: N={k}" if k else "knee: none within the measured N")
+    ratio = by_n[64]["experiences_per_s"] / by_n[4]["experiences_per_s"] if 4 in by_n and 64 in by_n else None
+    result = {"bench": "scale", "quick": args.quick, "steps": p.steps, "groups": p.groups,
+              "tokens_per_s": p.tokens_per_s, "weights_mb": p.weights_mb, "procs": args.procs,
+              "per_n": rows, "knee": k, "ratio": round(ratio, 3) if ratio else None, "target": 0.9}  # fmt: skip
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
