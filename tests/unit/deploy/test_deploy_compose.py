@@ -18,44 +18,14 @@ import pytest
 import yaml
 
 from services.common.config import load_config
+from tests.support.compose_file import env_example as _env_example
+from tests.support.compose_file import interpolate as _interpolate
 from tests.support.docker_engine import compose_cli
 
 ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = ROOT / "deploy"
 RFT_SERVICES = ("synchronizer", "buffer", "trainer", "explorer")
 CONFIG_TARGET = "/etc/rft/run.yaml"
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}")
-
-
-def _env_example() -> dict[str, str]:
-    env = {}
-    for line in (DEPLOY / ".env.example").read_text().splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            key, _, value = line.partition("=")
-            env[key.strip()] = value.strip()
-    return env
-
-
-def _interpolate(node: Any, env: dict[str, str], used: set[str]) -> Any:
-    """Compose's variable substitution: ${VAR}, ${VAR:-default}, ${VAR:?error}; `$$` is a literal `$`."""
-    if isinstance(node, dict):
-        return {k: _interpolate(v, env, used) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_interpolate(v, env, used) for v in node]
-    if not isinstance(node, str):
-        return node
-
-    def sub(match: re.Match[str]) -> str:
-        name, op, arg = match.groups()
-        used.add(name)
-        if env.get(name):
-            return env[name]
-        if op and op.endswith("?"):
-            raise AssertionError(f"${{{name}}} is required: {arg}")
-        return arg if op and op.endswith("-") else ""
-
-    return _VAR.sub(sub, node.replace("$$", "\0")).replace("\0", "$")
 
 
 @pytest.fixture(scope="module")
