@@ -18,6 +18,7 @@ dynamic batches and 2 ranks all give the one-big-batch gradient (tested).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -37,6 +38,7 @@ from services.trainer.algorithms import (
 from services.trainer.collate import ModelShape, StepBatch, model_inputs, pack
 from services.trainer.distributed import DistInfo
 from services.trainer.fsdp import clip_grad_norm, reshard_after_inference
+from services.trainer.lora import reference_mode
 from services.trainer.rowwise import MicroBatching, local_micro_batches, map_rows
 from services.trainer.settings import TrainerSettings
 
@@ -100,8 +102,11 @@ class Actor:
         optimizer: torch.optim.Optimizer | None,
         settings: TrainerSettings,
         info: DistInfo,
+        adapters_disabled: bool = False,
     ):
         self.module = module
+        # the LoRA policy as its own reference: log-probs with the adapters switched off
+        self.adapters_disabled = adapters_disabled
         self.optimizer = optimizer
         self.settings = settings
         self.info = info
@@ -130,14 +135,15 @@ class Actor:
         was_training = self.module.training
         self.module.eval()
         try:
-            return map_rows(
-                step,
-                self.info,
-                self.batching,
-                lambda micro: policy_forward(
-                    self.module, micro, self.settings.temperature, self.info.device, shape=self.shape
-                )[0],
-            )
+            with reference_mode(self.module) if self.adapters_disabled else contextlib.nullcontext():
+                return map_rows(
+                    step,
+                    self.info,
+                    self.batching,
+                    lambda micro: policy_forward(
+                        self.module, micro, self.settings.temperature, self.info.device, shape=self.shape
+                    )[0],
+                )
         finally:
             reshard_after_inference(self.module)
             self.module.train(was_training)

@@ -2,7 +2,8 @@
 
 Layout (one folder per saved step; `role` is `actor` or `critic`):
 
-    global_step_N/<role>/model.safetensors        gathered weights (world size 1), HF names
+    global_step_N/<role>/model.safetensors        gathered weights (world size 1), HF names; with LoRA
+                                                  only the adapter (`Role.trainable_only`)
     global_step_N/<role>/optim.pt                 gathered optimizer state (tensors + numbers only)
     global_step_N/<role>/dcp/                     torch.distributed.checkpoint shards of model + optim
                                                   (world size > 1; loads under any world size)
@@ -94,6 +95,18 @@ class Role:
     module: nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
+    # LoRA: save and restore only the trainable (adapter) weights; the frozen base weights are the
+    # model folder's own, loaded again when the trainer starts
+    trainable_only: bool = False
+
+    def model_options(self, **kw: Any) -> StateDictOptions | None:
+        return StateDictOptions(ignore_frozen_params=True, **kw) if self.trainable_only else None
+
+    def trainable(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        if not self.trainable_only:
+            return weights
+        names = {n for n, p in self.module.named_parameters() if p.requires_grad}
+        return {k: v for k, v in weights.items() if k in names}
 
 
 def _rng_state() -> dict[str, Any]:
@@ -162,14 +175,14 @@ class CheckpointManager:
             torch.save(extra, out / f"extra_state_rank_{self.info.rank}.pt")
             if self.sharded:
                 state = {
-                    "model": get_model_state_dict(role.module),
+                    "model": role.trainable(get_model_state_dict(role.module, options=role.model_options())),
                     "optim": get_optimizer_state_dict(role.module, role.optimizer),
                 }
                 futures.append(
                     dcp.async_save(state, checkpoint_id=str(out / "dcp"), process_group=self._ckpt_group)
                 )
             else:
-                weights = full_state_dict(role.module)
+                weights = role.trainable(full_state_dict(role.module))
                 optim = _clone(
                     get_optimizer_state_dict(
                         role.module,
@@ -242,15 +255,15 @@ class CheckpointManager:
         for role in roles:
             src = folder / role.name
             if (src / "dcp").is_dir():
-                msd = get_model_state_dict(role.module)
+                msd = role.trainable(get_model_state_dict(role.module, options=role.model_options()))
                 osd = get_optimizer_state_dict(role.module, role.optimizer)
                 loaded = {"model": msd, "optim": osd}
                 dcp.load(loaded, checkpoint_id=str(src / "dcp"))
-                set_model_state_dict(role.module, loaded["model"])
+                set_model_state_dict(role.module, loaded["model"], options=role.model_options(strict=False))
                 set_optimizer_state_dict(role.module, role.optimizer, loaded["optim"])
             else:
                 weights = load_file(str(src / "model.safetensors")) if self.info.is_main else {}
-                load_full_state_dict(role.module, weights)
+                load_full_state_dict(role.module, weights, strict=not role.trainable_only)
                 optim = torch.load(src / "optim.pt", weights_only=True) if self.info.is_main else {}
                 set_optimizer_state_dict(
                     role.module,

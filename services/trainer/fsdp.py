@@ -45,8 +45,10 @@ __all__ = [
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The transformer blocks of a HF model (`model.layers`, `transformer.h`, ...)."""
-    for path in ("model.layers", "layers", "transformer.h", "gpt_neox.layers", "backbone.layers"):
+    """The transformer blocks of a HF model (`model.layers`, `transformer.h`, ...), also under a peft
+    LoRA wrapper (`base_model.model.model.layers`; LoRA wraps before sharding, untested on GPU)."""
+    paths = ("model.layers", "layers", "transformer.h", "gpt_neox.layers", "backbone.layers")
+    for path in (*paths, *(f"base_model.model.{p}" for p in paths)):
         obj: object = model
         for part in path.split("."):
             obj = getattr(obj, part, None)
@@ -116,10 +118,11 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in sd.items()}
 
 
-def load_full_state_dict(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Load a full state dict (given on rank 0) into the sharded model; collective."""
+def load_full_state_dict(model: nn.Module, state: dict[str, torch.Tensor], strict: bool = True) -> None:
+    """Load a full state dict (given on rank 0) into the sharded model; collective.  `strict` False:
+    `state` may hold a subset (a LoRA checkpoint's adapter)."""
     set_model_state_dict(
-        model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=True)
+        model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=strict)
     )
 
 

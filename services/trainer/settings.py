@@ -30,6 +30,7 @@ from typing import Any
 from services.common.config import OptimizerConfig, RFTConfig, resolve
 from services.common.config.compat import TRAINER_CONFIG_KEYS
 from services.trainer.algorithms import AlgorithmPreset, RolloutISConfig, resolve_preset
+from services.trainer.lora import LoraSettings
 
 __all__ = ["OptimSettings", "TrainerSettings", "unused_trainer_config_keys"]
 
@@ -125,6 +126,8 @@ class TrainerSettings:
     # the rollout's response length cap (the DAPO reward manager's default max_resp_len)
     max_response_tokens: int | None = None
     rollout_correction: RolloutISConfig = RolloutISConfig()
+    # model.lora_configs[0]: train a LoRA adapter on the frozen policy (services/trainer/lora.py)
+    lora: LoraSettings | None = None
 
     @property
     def use_reference(self) -> bool:
@@ -248,4 +251,7 @@ class TrainerSettings:
                 rollout_is_mode=alg.rollout_is_mode,
                 rollout_is_veto_threshold=alg.rollout_is_veto_threshold,
             ),
+            lora=LoraSettings.from_config(config.model.lora_configs[0])
+            if config.model.lora_configs
+            else None,
         )

@@ -35,6 +35,7 @@ from services.trainer.collate import StepBatch, check_pairs
 from services.trainer.critic import Critic, load_value_model
 from services.trainer.distributed import DistInfo
 from services.trainer.fsdp import full_state_dict, shard_model, uses_fsdp
+from services.trainer.lora import apply_lora, merged_state_dict, save_adapter
 from services.trainer.optim import build_optimizer, build_scheduler
 from services.trainer.reward_stage import apply_reward_manager, make_reward_manager
 from services.trainer.settings import TrainerSettings
@@ -66,12 +67,16 @@ class FSDPWorker:
         self.generation_config = getattr(policy, "generation_config", None)
         self.tokenizer = load_tokenizer(settings.model_path)
         self.pad_token_id = int(self.tokenizer.pad_token_id or 0)
+        if settings.lora is not None:  # wrapped before sharding; only the adapter is trainable
+            policy = apply_lora(policy, settings.lora)
         self.policy = shard_model(policy.to(info.device), info, fsdp=self.fsdp)
         optim = build_optimizer(self.policy, settings.actor_optim)
         self.actor = Actor(self.policy, optim, settings, info)
         self.actor_scheduler = build_scheduler(optim, settings.actor_optim, settings.total_steps)
         self.ref: Actor | None = None
-        if settings.use_reference:
+        if settings.use_reference and settings.lora is not None:  # the policy with adapters disabled
+            self.ref = Actor(self.policy, None, settings, info, adapters_disabled=True)
+        elif settings.use_reference:
             ref = load_packed_model(settings.model_path, dtype=dtype).to(info.device)
             ref.requires_grad_(False)
             self.ref = Actor(shard_model(ref.eval(), info, fsdp=self.fsdp), None, settings, info)
@@ -143,7 +148,8 @@ class FSDPWorker:
 
     # ---- checkpoints ------------------------------------------------------------------------------
     def roles(self) -> list[Role]:
-        roles = [Role("actor", self.policy, self.actor.optimizer, self.actor_scheduler)]  # type: ignore[arg-type]
+        lora = self.settings.lora is not None
+        roles = [Role("actor", self.policy, self.actor.optimizer, self.actor_scheduler, lora)]  # type: ignore[arg-type]
         if self.critic is not None:
             roles.append(Role("critic", self.critic.module, self.critic.optimizer, self.critic_scheduler))  # type: ignore[arg-type]
         return roles
@@ -167,8 +173,12 @@ class FSDPWorker:
         return state
 
     def export_hf(self, out: Path, weights: dict[str, torch.Tensor]) -> None:
-        """Write an HF folder (`from_pretrained`-loadable) with the saved tokenizer."""
+        """Write an HF folder (`from_pretrained`-loadable) with the saved tokenizer; with LoRA the
+        merged model, and the adapter in `lora_adapter/` (Trinity-RFT's layout)."""
         out.mkdir(parents=True, exist_ok=True)
+        if self.settings.lora is not None:
+            save_adapter(self.policy, weights, out / "lora_adapter")
+            weights = merged_state_dict(self.policy, weights)
         if getattr(self.hf_config, "tie_word_embeddings", False):
             weights = {k: v for k, v in weights.items() if k != "lm_head.weight"}
         save_file(
@@ -182,5 +192,9 @@ class FSDPWorker:
 
     # ---- weights for sync -------------------------------------------------------------------------
     def gather_state_dict(self, _: Any = None) -> dict[str, torch.Tensor]:
-        """Full policy state dict on rank 0 (HF names), empty elsewhere; collective."""
-        return full_state_dict(self.policy)
+        """Full policy state dict on rank 0 (HF names), empty elsewhere; collective.  With LoRA the
+        adapter is merged into the base weights (the explorer loads them under the base names)."""
+        state = full_state_dict(self.policy)
+        if self.settings.lora is not None and state:
+            return merged_state_dict(self.policy, state)
+        return state

@@ -36,7 +36,7 @@ from services.common.config.explorer import (
     InferenceModelConfig,
     OverRolloutConfig,
 )
-from services.common.config.model import ModelConfig
+from services.common.config.model import LoRAConfig, ModelConfig
 from services.common.config.root import RFTConfig
 from services.common.config.runtime import MonitorConfig, SynchronizerConfig, TrainerConfig
 
@@ -105,6 +105,9 @@ REFUSED: dict[tuple[type[BaseModel], str], Rule] = {
     (TrainerConfig, "ulysses_sequence_parallel_size"): Rule(
         "sequence parallelism is not implemented", "trainer.max_token_len_per_gpu to bound memory"
     ),
+    (LoRAConfig, "lora_dtype"): Rule(
+        "adapter weights are kept in the trainer's fp32 master dtype", "lora_dtype: auto"
+    ),
 }
 
 WARNED: dict[tuple[type[BaseModel], str], Rule] = {
@@ -145,6 +148,9 @@ WARNED: dict[tuple[type[BaseModel], str], Rule] = {
     (TrainerConfig, "enable_preview"): Rule("no preview is made"),
     (TrainerConfig, "save_strategy"): Rule("every rank saves its own shard; rank 0 writes the HF export"),
     (MonitorConfig, "detailed_stats"): Rule("the same metrics are always logged"),
+    (LoRAConfig, "base_model_name"): Rule(
+        "the explorer receives the merged weights, so no base model is served beside the adapter"
+    ),
 }
 
 # veRL keys under trainer.trainer_config that services/trainer/settings.py reads.

@@ -9,6 +9,22 @@ from pydantic import Field, model_validator
 from services.common.config.base import Section
 
 
+class LoRAConfig(Section):
+    """One LoRA adapter trained on the policy (Trinity-RFT's `model.lora_configs` entry; peft `LoraConfig`).
+
+    `path`: a saved peft adapter folder to start from (its own rank, alpha and targets apply);
+    empty: a new adapter with `lora_rank`, `lora_alpha`, `target_modules` and `exclude_modules`."""
+
+    name: str = "default"
+    path: str = ""
+    base_model_name: str | None = None
+    lora_rank: int = Field(32, gt=0)
+    lora_alpha: int = Field(32, gt=0)
+    lora_dtype: str = "auto"
+    target_modules: str | list[str] = "all-linear"
+    exclude_modules: str | list[str] | None = None
+
+
 class ModelConfig(Section):
     """The policy model and defaults that tasksets and rollout engines inherit."""
 
@@ -30,6 +46,16 @@ class ModelConfig(Section):
     enable_thinking: bool | None = None
     rope_scaling: dict[str, Any] | None = None
     rope_theta: float | None = None
+    lora_configs: list[LoRAConfig] = []
+
+    @model_validator(mode="after")
+    def _one_adapter(self) -> ModelConfig:
+        if len(self.lora_configs) > 1:
+            raise ValueError(
+                f"model.lora_configs has {len(self.lora_configs)} entries; one trained adapter is supported: "
+                "keep a single entry"
+            )
+        return self
 
     @model_validator(mode="after")
     def _token_limits_fit(self) -> ModelConfig:

@@ -127,4 +127,24 @@ def batches(d: Draft) -> None:
     d.set("synchronizer.sync_offset", 0, on_policy)
 
 
-TRAINING_RULES = (algorithm, kl, batches)
+def lora(d: Draft) -> None:
+    """veRL trains a LoRA adapter when `model.lora_rank` > 0 (its defaults: alpha 16, all-linear)."""
+    m = "actor_rollout_ref.model."
+    keys = tuple(m + k for k in ("lora_rank", "lora_alpha", "target_modules", "exclude_modules"))
+    rank = int(d.get(keys[0], 0) or 0)
+    if rank <= 0:
+        for key in keys[1:]:
+            if d.has(key):
+                d.drop(key, f"{keys[0]} is 0 (no LoRA)", warn=False, same=True)
+        return
+    entry = {
+        "lora_rank": rank,
+        "lora_alpha": int(d.get(keys[1], 16)),
+        "target_modules": d.get(keys[2], "all-linear"),
+    }
+    if d.get(keys[3]) is not None:
+        entry["exclude_modules"] = d.get(keys[3])
+    d.set("model.lora_configs", [entry], d.source(*keys), keys)
+
+
+TRAINING_RULES = (algorithm, kl, batches, lora)

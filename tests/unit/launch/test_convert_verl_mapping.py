@@ -254,3 +254,16 @@ def test_no_key_is_written_that_has_no_effect_here():
     assert not has(c, "explorer.rollout_model.enforce_eager")
     assert "# veRL actor_rollout_ref.rollout.enforce_eager=True: no equivalent (" in c.yaml
     assert sum("gpu_memory_utilization=0.5: no equivalent" in w for w in c.warnings) == 1
+
+
+def test_lora_keys_become_one_lora_config():
+    m = "actor_rollout_ref.model."
+    c = conv(f"{m}lora_rank=8 {m}lora_alpha=16 {m}target_modules=[q_proj,v_proj]")
+    config = load_config(text=c.yaml, environ=ENV)
+    [lora] = config.model.lora_configs
+    assert (lora.lora_rank, lora.lora_alpha, lora.target_modules) == (8, 16, ["q_proj", "v_proj"])
+    assert TrainerSettings.from_config(config).lora is not None
+    assert not any("lora" in w for w in c.warnings)
+    off = conv(f"{m}lora_rank=0 {m}lora_alpha=16")
+    assert load_config(text=off.yaml, environ=ENV).model.lora_configs == []
+    assert not any("lora" in w for w in off.warnings)
