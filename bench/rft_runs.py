@@ -172,7 +172,7 @@ def run_rft(
     env = {**os.environ, **(threads or {})}
     t0 = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-m", "services.cli", "run", "--config", str(config), "--explorers", str(explorers)],
+        [sys.executable, "-m", "launcher.cli", "run", "--config", str(config), "--explorers", str(explorers)],
         cwd=ROOT,
         env=env,
         capture_output=True,

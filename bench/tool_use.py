@@ -57,7 +57,7 @@ def main() -> None:
         config = Path(tmp) / "tool_use.yaml"
         config.write_text(yaml.safe_dump(tree))
         start = time.monotonic()
-        argv = [sys.executable, "-m", "services.cli", "run", "--config", str(config)]
+        argv = [sys.executable, "-m", "launcher.cli", "run", "--config", str(config)]
         proc = subprocess.run(argv, cwd=ROOT, env=env(), capture_output=True, text=True)
         seconds = time.monotonic() - start
         if proc.returncode != 0:

@@ -37,7 +37,7 @@ def _rft_run(config: Path, plugins: Path) -> subprocess.CompletedProcess[str]:
     argv = [
         sys.executable,
         "-m",
-        "services.cli",
+        "launcher.cli",
         "run",
         "--config",
         str(config),

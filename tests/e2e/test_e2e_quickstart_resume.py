@@ -10,7 +10,7 @@ import signal
 
 import pytest
 
-from services.launch.audit import audit_job
+from launcher.audit import audit_job
 from tests.support.rft_run import (
     assert_no_orphans,
     example,

@@ -1,5 +1,5 @@
 """Chaos campaigns: a real `rft run` on a real redis-server whose services are SIGKILLed at seeded
-random moments, then audited through the lineage (`services.launch.audit`).
+random moments, then audited through the lineage (`launcher.audit`).
 
 `rft run` restarts a killed service in place (`services.max_restarts`), so one run survives every
 kill of a campaign; the audit then counts produced / trained once / trained twice / lost. A kill
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.launch.audit import Audit, audit_job
+from launcher.audit import Audit, audit_job
 from tests.support.rft_run import jsonl, poll_until, start_rft, tiny_model, write_config
 
 SERVICES = ("buffer", "trainer", "explorer", "synchronizer")

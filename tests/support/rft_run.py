@@ -26,7 +26,7 @@ def env() -> dict[str, str]:
 
 
 def rft_argv(config: Path, *sets: str) -> list[str]:
-    argv = [sys.executable, "-m", "services.cli", "run", "--config", str(config)]
+    argv = [sys.executable, "-m", "launcher.cli", "run", "--config", str(config)]
     for s in sets:
         argv += ["--set", s]
     return argv

@@ -4,7 +4,7 @@ auxiliary model it runs itself (not those behind an `api_base`); the trainer tak
 
 Pure functions over the config, no CUDA: the config check (`root.py`) and `rft config show` use them
 with the cluster's GPU count, `rft run` turns a placement into each child's `CUDA_VISIBLE_DEVICES`
-(services/launch/gpus.py), the explorer lays its engines out on its own GPUs in the same order
+(launcher/gpus.py), the explorer lays its engines out on its own GPUs in the same order
 (`explorer_layout`), and the deploy tests hold the GPU requests of deploy/docker-compose.gpu.yml and
 deploy/k8s-gpu to them. GPUs are numbered 0..total-1 here; callers map them to device ids.
 """

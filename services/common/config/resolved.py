@@ -139,7 +139,7 @@ class Resolved:
     @cached_property
     def gpu_placement(self) -> GpuPlacement:
         """Which GPUs (0..total-1) the explorer and the trainer get with one explorer (`rft run
-        --explorers N` places N; services/launch/gpus.py)."""
+        --explorers N` places N; launcher/gpus.py)."""
         c = self.config
         return place_gpus(c.cluster.node_num * c.cluster.gpu_per_node, gpu_demand(c), mode=c.mode)
 

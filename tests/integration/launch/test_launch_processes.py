@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[3]
 LAUNCHER = """
 import sys
 from pathlib import Path
-from services.launch.processes import ServiceProcess
+from launcher.processes import ServiceProcess
 p = ServiceProcess(name="svc", argv=[sys.executable, "-c", "import signal; signal.pause()"],
                    log_file=Path(sys.argv[1]))
 p.start()

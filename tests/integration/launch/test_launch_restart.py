@@ -19,8 +19,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.launch.processes import ServiceProcess
-from services.launch.supervisor import RestartPolicy, StageFailed, Supervisor
+from launcher.processes import ServiceProcess
+from launcher.supervisor import RestartPolicy, StageFailed, Supervisor
 
 ROOT = Path(__file__).resolve().parents[3]
 ENV = {"PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'protos'}", "PYTHONUNBUFFERED": "1"}

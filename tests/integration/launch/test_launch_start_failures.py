@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from services.launch.processes import ServiceProcess, first_error
-from services.launch.supervisor import RestartPolicy, StageFailed, Supervisor
+from launcher.processes import ServiceProcess, first_error
+from launcher.supervisor import RestartPolicy, StageFailed, Supervisor
 
 ROOT = Path(__file__).resolve().parents[3]
 ENV = {"PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'protos'}", "PYTHONUNBUFFERED": "1"}
@@ -113,7 +113,7 @@ def test_rft_serve_passes_plugin_dirs_to_the_service(tmp_path):
     (plugins / "serve_fail_plugin.py").write_text("raise ImportError('serve_fail_plugin needs scorer_sdk')\n")
     config = _config(tmp_path)
     proc = subprocess.run(
-        [sys.executable, "-m", "services.cli", "serve", "buffer", "--config", str(config),
+        [sys.executable, "-m", "launcher.cli", "serve", "buffer", "--config", str(config),
          "--plugin-dir", str(plugins)],
         capture_output=True, text=True, env={**os.environ, **ENV}, cwd=ROOT, timeout=60,
     )  # fmt: skip

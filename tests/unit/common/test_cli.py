@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from services.cli import app
+from launcher.cli import app
 
 ROOT = Path(__file__).resolve().parents[3]
 runner = CliRunner()
@@ -32,9 +32,9 @@ def test_config_check_ok():
 
 
 def test_config_check_resolves_relative_paths_as_rft_run_does(tmp_path, monkeypatch):
+    from launcher.plan import plan_stages
+    from launcher.preflight import PreflightError, preflight
     from services.common.config import load_config
-    from services.launch.plan import plan_stages
-    from services.launch.preflight import PreflightError, preflight
 
     (tmp_path / "tasks.jsonl").write_text("{}\n")
     cfg = tmp_path / "c.yaml"

@@ -48,7 +48,8 @@ def test_generated_protos_have_not_drifted():
 def test_every_module_opens_with_a_docstring():
     missing = [
         str(p.relative_to(ROOT))
-        for p in (ROOT / "services").rglob("*.py")
+        for top in ("services", "launcher")
+        for p in (ROOT / top).rglob("*.py")
         if p.stat().st_size and ast.get_docstring(ast.parse(p.read_text())) is None
     ]
     assert not missing, f"modules without a docstring: {missing}"

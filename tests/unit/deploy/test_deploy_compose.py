@@ -188,7 +188,7 @@ def test_the_offline_build_stages_what_the_dockerfile_copies():
 
     script = runpy.run_path(str(DEPLOY / "build_offline.py"), run_name="build_offline")
     entries = set(script["_context_entries"]())
-    assert entries == {"pyproject.toml", "README.md", "protos", "services", "deploy/prepare.py"}
+    assert entries == {"pyproject.toml", "README.md", "protos", "services", "launcher", "deploy/prepare.py"}
     copied = {
         src.rstrip("/")
         for line in _instructions(DEPLOY / "Dockerfile") if line.startswith("COPY ")
@@ -241,7 +241,7 @@ def _check_copies(dockerfile: str, dockerignore: Path) -> None:
     copied = {
         src for line in dockerfile.splitlines() if line.startswith("COPY ") for src in line.split()[1:-1]
     }
-    needed = {"services/", "protos/", "pyproject.toml", readme.group(1), "deploy/prepare.py"}
+    needed = {"services/", "launcher/", "protos/", "pyproject.toml", readme.group(1), "deploy/prepare.py"}
     assert needed <= copied, needed - copied
     for src in copied:
         assert (ROOT / src).exists(), src

@@ -162,8 +162,8 @@ def test_without_tools_the_tokenizer_template_renders_and_bad_arguments_are_name
 def test_the_configured_parser_is_checked_before_a_run_and_the_keys_load():
     import yaml
 
+    from launcher.names import check_names
     from services.common.config import load_config
-    from services.launch.names import check_names
 
     tree = {
         "mode": "explore",

@@ -13,7 +13,7 @@ from services.common.config import load_config
 ROOT = Path(__file__).resolve().parents[3]
 FIXTURES = ROOT / "tests" / "fixtures" / "convert_verl"
 _VENV_RFT = ROOT / ".venv" / "bin" / "rft"
-RFT = [str(_VENV_RFT)] if _VENV_RFT.exists() else [sys.executable, "-m", "services.cli"]
+RFT = [str(_VENV_RFT)] if _VENV_RFT.exists() else [sys.executable, "-m", "launcher.cli"]
 
 
 def rft(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import yaml
 
+from launcher.convert_verl import Conversion, convert_script
 from services.common.config import load_config, resolve
 from services.common.config.loader import config_warnings
-from services.launch.convert_verl import Conversion, convert_script
 from services.trainer.settings import TrainerSettings
 
 ENV = {"HOME": "/home/user"}

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from launcher.convert_verl import convert_script
 from services.common.config import RFTConfig, load_config, resolve
 from services.common.config.loader import config_warnings
-from services.launch.convert_verl import convert_script
 from services.trainer.algorithms.registries import get_advantage_fn, get_policy_loss_fn
 from services.trainer.settings import TrainerSettings, unused_trainer_config_keys
 

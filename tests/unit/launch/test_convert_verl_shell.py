@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.launch.convert_verl.overrides import parse_override, parse_value
-from services.launch.convert_verl.shell import ShellSyntaxError, read_commands, verl_commands
+from launcher.convert_verl.overrides import parse_override, parse_value
+from launcher.convert_verl.shell import ShellSyntaxError, read_commands, verl_commands
 
 
 def _args(script: str) -> list[str]:

@@ -3,7 +3,7 @@ checks are those of `rft config check`."""
 
 from __future__ import annotations
 
-from services.launch import EXIT_CONFIG, EXIT_FAILED, run
+from launcher import EXIT_CONFIG, EXIT_FAILED, run
 
 
 def test_run_prints_config_warnings_at_start_then_refuses_a_missing_model(tmp_path, capsys, monkeypatch):

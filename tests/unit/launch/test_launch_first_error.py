@@ -1,4 +1,4 @@
-"""The first exception of a service's log (services/launch/processes.py `first_error`), from logs
+"""The first exception of a service's log (launcher/processes.py `first_error`), from logs
 written the way services write them: structlog JSON lines (`log.exception`, `log.error(error=...)`)
 and uncaught Python tracebacks, chained ones included; only the output of the latest start counts."""
 
@@ -9,7 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from services.launch.processes import first_error
+from launcher.processes import first_error
 
 ROOT = Path(__file__).resolve().parents[3]
 

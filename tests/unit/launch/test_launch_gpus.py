@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from launcher import run
+from launcher.gpus import VISIBLE, host_gpus, stage_gpus
+from launcher.plan import plan_stages
+from launcher.runner import StageOptions, StageRun
 from services.common.config import load_config
 from services.common.config.gpus import GpuPlacementError
-from services.launch import run
-from services.launch.gpus import VISIBLE, host_gpus, stage_gpus
-from services.launch.plan import plan_stages
-from services.launch.runner import StageOptions, StageRun
 
 ROOT = Path(__file__).resolve().parents[3]
 

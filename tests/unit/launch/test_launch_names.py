@@ -1,5 +1,5 @@
 """Every registry name and `module:object` plug-in of a config resolves before anything starts
-(services/launch/names.py): one problem per bad name with its path, the known names and the closest
+(launcher/names.py): one problem per bad name with its path, the known names and the closest
 one; plug-ins whose module or attribute is missing; stages; plug-in folders that register names;
 `rft config check` and `rft run` exit 2 listing them all."""
 
@@ -13,10 +13,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from services.cli import app
+from launcher import run
+from launcher.cli import app
+from launcher.names import check_config, check_names
 from services.common.config import ConfigError, load_config
-from services.launch import run
-from services.launch.names import check_config, check_names
 
 runner = CliRunner()
 TASKSET = "buffer.explorer_input.taskset"

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from launcher.offline_data import build_experiences
 from services.common.config import FormatConfig, load_config
 from services.common.experience import from_proto, to_proto
 from services.common.modeling import load_tokenizer
 from services.common.tiny_model import make_tiny_model
-from services.launch.offline_data import build_experiences
 
 
 def test_pair_rows_become_pair_experiences(tmp_path):

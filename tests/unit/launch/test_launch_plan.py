@@ -1,4 +1,4 @@
-"""`services.launch` without processes: it imports only services.common; stages and the effective
+"""`launcher` without processes: it imports only services.common; stages and the effective
 config every process reads; offline SFT rows become experiences tokenised as the explorer does;
 summary.json from metrics files; metrics tailing keeps partial lines for later."""
 
@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from launcher.offline_data import build_experiences, epochs_needed
+from launcher.plan import WAVES, child_env, effective_tree, plan_stages
+from launcher.progress import MetricsTail
+from launcher.summary import run_summary, stage_summary
 from services.common.config import load_config, validate_tree
 from services.common.tiny_model import make_tiny_model
-from services.launch.offline_data import build_experiences, epochs_needed
-from services.launch.plan import WAVES, child_env, effective_tree, plan_stages
-from services.launch.progress import MetricsTail
-from services.launch.summary import run_summary, stage_summary
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -32,12 +32,12 @@ NAMES_IMPORTS = {
 
 def test_launch_imports_only_common_and_itself():
     bad = []
-    for path in (ROOT / "services" / "launch").rglob("*.py"):
+    for path in (ROOT / "launcher").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
                 [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else [])  # fmt: skip
             bad += [f"{path.name}: {n}" for n in names
-                    if n.startswith("services.") and not n.startswith(("services.common", "services.launch"))
+                    if n.startswith("services.") and not n.startswith(("services.common", "launcher"))
                     and not (path.name == "names.py" and n in NAMES_IMPORTS)]  # fmt: skip
     assert not bad
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from services.cli import app
-from services.launch.plot import PlotError, build_figure, plot_job, read_job
+from launcher.cli import app
+from launcher.plot import PlotError, build_figure, plot_job, read_job
 
 
 def _write(path: Path, records: list[dict]) -> None:

@@ -8,7 +8,7 @@ import io
 import json
 from pathlib import Path
 
-from services.launch.progress import Progress
+from launcher.progress import Progress
 
 
 class Clock:

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from launcher import _main
+from launcher.plan import plan_stages
+from launcher.runner import StageOptions
+from launcher.summary import earlier_wall_time, read_summary, run_summary, write_summary
 from services.common.config import load_config
-from services.launch import _main
-from services.launch.plan import plan_stages
-from services.launch.runner import StageOptions
-from services.launch.summary import earlier_wall_time, read_summary, run_summary, write_summary
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -110,7 +110,7 @@ def test_a_finished_single_stage_run_started_again_starts_nothing(tmp_path, caps
 
 
 def test_a_finished_run_asked_for_more_steps_is_not_taken_as_finished():
-    from services.launch import _finished_before
+    from launcher import _finished_before
 
     done = {"status": "finished", "steps": 6, "explore_steps": 6}
     assert _finished_before(done, 6) and _finished_before(done, None)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import PurePosixPath
 from typing import Any
 
-from services.launch.convert_verl.draft import Draft
+from launcher.convert_verl.draft import Draft
 
 R, D, T = "actor_rollout_ref.rollout.", "data.", "trainer."
 ENGINES = {"vllm": "vllm", "sglang": "vllm", "hf": "hf"}

@@ -19,13 +19,13 @@ import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from launcher.gpus import stage_gpus
+from launcher.plan import WAVES, Stage, child_env, effective_tree, service_argv, write_config
+from launcher.processes import ServiceProcess
+from launcher.progress import Progress
+from launcher.supervisor import RestartPolicy, StageFailed, Supervisor
 from services.common.config import resolve
 from services.common.config.explorer import SERVE_URL_FILE
-from services.launch.gpus import stage_gpus
-from services.launch.plan import WAVES, Stage, child_env, effective_tree, service_argv, write_config
-from services.launch.processes import ServiceProcess
-from services.launch.progress import Progress
-from services.launch.supervisor import RestartPolicy, StageFailed, Supervisor
 
 __all__ = ["StageFailed", "StageOptions", "StageRun", "stage_total_steps", "train_batch_size"]
 
@@ -145,7 +145,7 @@ class StageRun:
         eb = self.config.buffer.trainer_input.experience_buffer
         if self.config.mode != "train" or not eb.path:
             return
-        from services.launch.offline_data import feed  # torch/transformers: only when needed
+        from launcher.offline_data import feed  # torch/transformers: only when needed
 
         if self._feeder is not None:  # it fed the buffer that died
             self._feed_stop.set()

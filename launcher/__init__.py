@@ -32,16 +32,12 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from services.common.config import ConfigError, RFTConfig, load_config, resolve
-from services.common.config.gpus import GpuPlacementError
-from services.common.config.loader import config_warnings
-from services.common.plugins import python_path
-from services.launch.gpus import stage_gpus
-from services.launch.names import check_config
-from services.launch.plan import Stage, plan_stages
-from services.launch.preflight import PreflightError, preflight
-from services.launch.runner import StageFailed, StageOptions, StageRun, stage_total_steps, train_batch_size
-from services.launch.summary import (
+from launcher.gpus import stage_gpus
+from launcher.names import check_config
+from launcher.plan import Stage, plan_stages
+from launcher.preflight import PreflightError, preflight
+from launcher.runner import StageFailed, StageOptions, StageRun, stage_total_steps, train_batch_size
+from launcher.summary import (
     earlier_wall_time,
     last_hf_export,
     read_summary,
@@ -49,6 +45,10 @@ from services.launch.summary import (
     stage_summary,
     write_summary,
 )
+from services.common.config import ConfigError, RFTConfig, load_config, resolve
+from services.common.config.gpus import GpuPlacementError
+from services.common.config.loader import config_warnings
+from services.common.plugins import python_path
 
 __all__ = ["run"]
 
@@ -163,7 +163,7 @@ def _plot(job_dir: Path) -> str:
     after the summary's (with its newline), or '' when drawing failed: that never fails a run, it is
     reported on stderr."""
     try:
-        from services.launch.plot import plot_job
+        from launcher.plot import plot_job
 
         return f"\nplot: {plot_job(job_dir)}"
     except Exception as exc:  # a plot is a by-product: a run that trained stays a success

@@ -38,7 +38,7 @@ def _load(path: Path, overrides: list[str] | None):
 
 def _check_names(file: Path, config, plugin_dirs: list[str] | None):
     """`config` with absolute plugin_dirs; exit 2 listing every name that does not resolve."""
-    from services.launch.names import check_config
+    from launcher.names import check_config
 
     config, problems = check_config(config, file, plugin_dirs or [])
     if problems:
@@ -66,8 +66,8 @@ def config_check(
 ) -> None:
     """Validate FILE; exit 2 with the bad path, value and a suggestion when it is wrong. The model
     folders and data files must exist, relative to the current directory, as `rft run` checks."""
-    from services.launch.plan import plan_stages
-    from services.launch.preflight import path_problems
+    from launcher.plan import plan_stages
+    from launcher.preflight import path_problems
 
     config = _load(file, set_)
     r = resolve(config)
@@ -129,7 +129,7 @@ def run_cmd(
 
     Exit 0 finished, 1 a service failed (named, with its first error and last log lines), 2 bad config,
     130 stopped by Ctrl-C (run it again to continue from the checkpoints)."""
-    from services.launch import run
+    from launcher import run
 
     raise typer.Exit(run(config, set_ or [], explorers=explorers, plugin_dirs=plugin_dir or []))
 
@@ -146,7 +146,7 @@ def audit_cmd(
     once, trained twice, lost, remaining. Exit 0 when nothing is lost or trained twice, 1 otherwise."""
     import json
 
-    from services.launch.audit import audit_job
+    from launcher.audit import audit_job
 
     if not job_dir.is_dir():
         typer.echo(f"{job_dir}: no such job folder", err=True)
@@ -168,7 +168,7 @@ def plot_cmd(
     """Draw JOB_DIR's curves (reward, response length, losses, KL, entropy, grad norm, throughput per
     step; one line per explorer; stages one after another) from its metrics/*.jsonl into a PNG
     (default JOB_DIR/curves.png)."""
-    from services.launch.plot import PlotError, plot_job
+    from launcher.plot import PlotError, plot_job
 
     try:
         path = plot_job(job_dir, out)
@@ -185,7 +185,7 @@ def convert_verl_cmd(
 ) -> None:
     """Convert a veRL `main_ppo` script into a run config; keys with no equivalent become comments and
     warnings. Several commands give OUT, OUT-2, ... Exit 2 when SCRIPT holds no veRL command."""
-    from services.launch.convert_verl.cli import convert_verl_main
+    from launcher.convert_verl.cli import convert_verl_main
 
     raise typer.Exit(convert_verl_main(script, out))
 

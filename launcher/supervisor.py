@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.launch.processes import ServiceProcess, describe_exit
+from launcher.processes import ServiceProcess, describe_exit
 
 POLL_S = 0.25
 EXPLORER_GRACE_S = 60.0

@@ -2,14 +2,14 @@
 configs: shell.py reads the script, overrides.py the Hydra values, table.py, rules_training.py and rules_run.py map the keys,
 draft.py writes the YAML, convert.py puts it together and checks the result loads."""
 
-from services.launch.convert_verl.convert import (
+from launcher.convert_verl.convert import (
     Conversion,
     ConversionError,
     NoVerlCommandError,
     convert_command,
     convert_script,
 )
-from services.launch.convert_verl.shell import ShellSyntaxError
+from launcher.convert_verl.shell import ShellSyntaxError
 
 __all__ = [
     "Conversion",

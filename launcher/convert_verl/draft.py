@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from services.launch.convert_verl.overrides import Override
+from launcher.convert_verl.overrides import Override
 
 Path = tuple[str | int, ...]
 SECTION_ORDER = (

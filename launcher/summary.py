@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from services.launch.progress import read_jsonl
+from launcher.progress import read_jsonl
 
 LAST_N = 5
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.launch.progress import read_jsonl
+from launcher.progress import read_jsonl
 
 # (title, [(source kind, metric key)]): "explorer" lines are one per explorer, "trainer" one.
 PANELS: list[tuple[str, list[tuple[str, str]]]] = [

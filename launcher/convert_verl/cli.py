@@ -6,8 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from services.launch.convert_verl.convert import ConversionError, NoVerlCommandError, convert_script
-from services.launch.convert_verl.shell import ShellSyntaxError
+from launcher.convert_verl.convert import ConversionError, NoVerlCommandError, convert_script
+from launcher.convert_verl.shell import ShellSyntaxError
 
 
 def _say(text: str) -> None:

@@ -14,15 +14,15 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from launcher.convert_verl.draft import Draft, render
+from launcher.convert_verl.overrides import parse_override
+from launcher.convert_verl.rules_run import RUN_RULES
+from launcher.convert_verl.rules_training import TRAINING_RULES
+from launcher.convert_verl.shell import VerlCommand, verl_commands
+from launcher.convert_verl.table import DIRECT, VERL_DEFAULTS, no_equivalent
 from services.common.config import ConfigError, validate_tree
 from services.common.config.compat import TRAINER_CONFIG_KEYS
 from services.common.config.loader import config_warnings
-from services.launch.convert_verl.draft import Draft, render
-from services.launch.convert_verl.overrides import parse_override
-from services.launch.convert_verl.rules_run import RUN_RULES
-from services.launch.convert_verl.rules_training import TRAINING_RULES
-from services.launch.convert_verl.shell import VerlCommand, verl_commands
-from services.launch.convert_verl.table import DIRECT, VERL_DEFAULTS, no_equivalent
 
 
 class NoVerlCommandError(ValueError):

@@ -15,8 +15,8 @@ the mini-batches of a step (and save_freq / test_freq keep counting veRL steps).
 
 from __future__ import annotations
 
-from services.launch.convert_verl.draft import Draft
-from services.launch.convert_verl.table import VERL_DEFAULTS
+from launcher.convert_verl.draft import Draft
+from launcher.convert_verl.table import VERL_DEFAULTS
 
 A, D = "actor_rollout_ref.actor.", "data."
 
