@@ -17,6 +17,7 @@ from services.common.app import load_service_plugins, parse_args, service_main
 from services.common.config import ConfigError, load_config
 from services.common.log import configure_logging
 from services.common.plugins import PluginError
+from services.trainer.distributed import exit_rank
 from services.trainer.service import build, run_worker_rank
 
 
@@ -63,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PluginError as exc:
         log.exception("cannot load plug-ins", error=f"{type(exc).__name__}: {exc}")
         return 2
-    return run_worker_rank(config)
+    exit_rank(run_worker_rank(config))
 
 
 if __name__ == "__main__":

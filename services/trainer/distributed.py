@@ -15,9 +15,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+import sys
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -94,6 +95,18 @@ def leave_process_group(info: DistInfo) -> None:
     """
     if info.world_size > 1 and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def exit_rank(code: int = 0) -> NoReturn:
+    """End a rank's process now, its work done and its group left (`leave_process_group`).
+
+    Sharded parameters still reference the destroyed group; torn down during interpreter finalization,
+    with gloo's threads, they can abort a process that finished its work ("terminate called without an
+    active exception", SIGABRT). Flushing the output and leaving with `os._exit` skips that teardown.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -56,7 +56,7 @@ def _run(rank: int, world: int, port: int, model_dir: str, root: str, out: str) 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip
     torch.set_num_threads(1)
-    from services.trainer.distributed import leave_process_group
+    from services.trainer.distributed import exit_rank, leave_process_group
 
     engine = _engine(model_dir, root)
     if rank:
@@ -69,10 +69,11 @@ def _run(rank: int, world: int, port: int, model_dir: str, root: str, out: str) 
         }
         engine.serve_workers()
         leave_process_group(engine.info)
-        return
+        exit_rank(0)
     result = _step(engine)
     engine.close()
     torch.save(result, out)
+    exit_rank(0)
 
 
 def test_two_rank_dpo_step_equals_one_rank_step(tmp_path):

@@ -68,7 +68,7 @@ def _run(rank: int, world: int, port: int, model_dir: str, root: str, out: str) 
     torch.set_num_threads(1)
     from torch.distributed.tensor import DTensor
 
-    from services.trainer.distributed import ensure_process_group, leave_process_group
+    from services.trainer.distributed import ensure_process_group, exit_rank, leave_process_group
     from services.trainer.engine import FSDPEngine
     from services.trainer.settings import TrainerSettings
 
@@ -82,10 +82,11 @@ def _run(rank: int, world: int, port: int, model_dir: str, root: str, out: str) 
         engine.serve_workers()
         engine.worker.wait_for_save()
         leave_process_group(engine.info)
-        return
+        exit_rank(0)
     result = _step_and_checkpoint(engine, root)
     engine.close()
     torch.save(result, out)
+    exit_rank(0)
 
 
 def _spawn(world: int, model_dir, root, out) -> dict:

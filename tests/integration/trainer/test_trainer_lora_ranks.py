@@ -54,7 +54,7 @@ def _run(rank: int, world: int, port: int, model_dir: str, root: str, out: str) 
         MASTER_PORT=str(port),
     )
     torch.set_num_threads(1)
-    from services.trainer.distributed import ensure_process_group, leave_process_group
+    from services.trainer.distributed import ensure_process_group, exit_rank, leave_process_group
     from services.trainer.engine import FSDPEngine
     from services.trainer.settings import TrainerSettings
 
@@ -63,10 +63,11 @@ def _run(rank: int, world: int, port: int, model_dir: str, root: str, out: str) 
         engine.serve_workers()
         engine.worker.wait_for_save()
         leave_process_group(engine.info)
-        return
+        exit_rank(0)
     result = _step_and_checkpoint(engine, root)
     engine.close()
     torch.save(result, out)
+    exit_rank(0)
 
 
 def test_two_rank_lora_step_equals_one_rank_and_resumes(tmp_path):
