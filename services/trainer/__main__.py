@@ -51,7 +51,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout.flush()
             os.execv(command[0], command)
     if int(os.environ.get("RANK", "0")) == 0:
-        return service_main("trainer", build, argv)
+        code = service_main("trainer", build, argv)
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            exit_rank(code)  # rank 0 of a group too: no teardown of sharded parameters at finalization
+        return code
     args = parse_args("trainer", argv)
     try:
         config = load_config(args.config, overrides=args.set)
