@@ -3,7 +3,8 @@
 The walk visits every leaf field of `RFTConfig`, recursively through nested sections and through
 lists, tuples, dicts and optionals of sections. A leaf passes when it is
 
-- read by code: its name occurs in the Python source of `services/` outside the section definitions,
+- read by code: its name occurs in the Python source of `services/` or `launcher/` (`rft run` reads
+  what it does itself: stages, the offline data it feeds a train stage) outside the section definitions,
   as an attribute access (`.name` in the token stream: `config.model.temperature`, `m.temperature`)
   or as a string literal equal to the name (`getattr(alg, "advantage_fn")`, `extra.get("seed")`,
   `tree["model"]["model_path"]` after `model_dump`). Comments and docstrings do not count (the source
@@ -70,7 +71,7 @@ def leaves(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, type
 def read_names() -> frozenset[str]:
     """Names used as attributes or as exact string literals by the readers of the config."""
     names: set[str] = set()
-    for path in sorted((ROOT / "services").rglob("*.py")):
+    for path in sorted([*(ROOT / "services").rglob("*.py"), *(ROOT / "launcher").rglob("*.py")]):
         if path.parent == CONFIG_PACKAGE and path.name not in READER_MODULES_IN_CONFIG:
             continue
         tokens = list(tokenize.generate_tokens(io.StringIO(path.read_text()).readline))
