@@ -53,7 +53,8 @@ from services.common.buffer_client import BufferClient  # noqa: E402
 from services.common.experience import Experience, ExperienceId  # noqa: E402
 from services.common.rpc import create_channel  # noqa: E402
 from services.common.sync_client import SyncClient  # noqa: E402
-from services.common.sync_hooks import ExplorerSyncGate, MemoryFetch  # noqa: E402
+from services.common.sync_hooks import ExplorerSyncGate  # noqa: E402
+from services.common.weight_sync.methods import MemoryFetch  # noqa: E402
 
 GROUP, PROMPT, RESPONSE = 8, 64, 192
 CLK_TCK = os.sysconf("SC_CLK_TCK")

@@ -9,6 +9,9 @@ model, for each `synchronizer.sync_method`, against a raw transfer of the same b
   `push_weights` (safetensors chunks of 4 MiB), the explorer client `pull_weights` and `load_weights`.
   Baseline: a bare grpc.aio server in its own process; the same number of bytes streamed to it in
   4 MiB messages (client stream) and streamed back (server stream), no (de)serialization.
+- memory_bf16: the same path with the fp32 weights cast to bfloat16 on the trainer's side before the
+  push (`sync_method: memory_bf16`; half the bytes), loaded (cast back) into the fp32 explorer model;
+  compared with memory.
 - checkpoint: `CheckpointStore.save` (atomic, fsynced) then `read_state_dict` + `load_weights`
   (no baseline; reported for comparison).
 Interleaved repetitions, median. Last line: one JSON object with the figures, the baselines, "ratio"
@@ -49,6 +52,7 @@ from services.common.weight_sync import (  # noqa: E402
     load_weights,
     read_state_dict,
     specs_of,
+    sync_method,
 )
 
 SIZES = {  # name -> (vocab, hidden, intermediate, layers, heads, kv heads)
@@ -215,6 +219,15 @@ async def memory_ours(trainer: SyncClient, explorer: SyncClient, sd, model, vers
     return time.perf_counter() - t0
 
 
+async def memory_bf16_ours(trainer: SyncClient, explorer: SyncClient, sd, model, version: int) -> float:
+    t0 = time.perf_counter()
+    wire = sync_method("memory_bf16").encode(sd)
+    await trainer.push_weights(wire, version=version, chunk_bytes=CHUNK)
+    _, got = await explorer.pull_weights()
+    load_weights(model, got)
+    return time.perf_counter() - t0
+
+
 async def memory_raw(channel: grpc.aio.Channel, pieces: list[bytes]) -> float:
     push = channel.stream_unary(f"/{RAW_SERVICE}/Push", request_serializer=None, response_deserializer=None)
     pull = channel.unary_stream(f"/{RAW_SERVICE}/Pull", request_serializer=None, response_deserializer=None)
@@ -271,8 +284,13 @@ async def run(reps: int) -> dict:
                     row = {
                         "nccl": pair.run("ours", size, version),
                         "nccl_raw": pair.run("raw", size, None),
-                        "memory": await memory_ours(trainer, explorer, sds[size], explorers[size], version),
+                        "memory": await memory_ours(
+                            trainer, explorer, sds[size], explorers[size], 2 * version
+                        ),
                         "memory_raw": await memory_raw(raw_channel, pieces[size]),
+                        "memory_bf16": await memory_bf16_ours(
+                            trainer, explorer, sds[size], explorers[size], 2 * version + 1
+                        ),
                         "checkpoint": checkpoint_ours(store, sds[size], explorers[size], version),
                     }
                     progress(f"rep {rep} {size}: " + " ".join(f"{k}={v:.3f}" for k, v in row.items()))
@@ -317,13 +335,21 @@ def main() -> None:
                 "ratio": round(rm, 3),
                 "target": 0.5,
             },
+            "memory_bf16": {
+                "ours_s": m["memory_bf16"],
+                "wire_megabytes": round(sync_method("memory_bf16").wire_bytes(sds[size]) / 1e6, 1),
+                "speedup_vs_memory": round(m["memory"] / m["memory_bf16"], 3),
+            },
             "checkpoint": {"ours_s": m["checkpoint"]},
         }
+        print(f"{'':>6} memory_bf16 {m['memory_bf16']:.3f} s "
+              f"({m['memory'] / m['memory_bf16']:.2f}x memory, half the bytes)")  # fmt: skip
     big = out["sizes"]["50M"]
     out["ratio"] = big["nccl"]["ratio"]
     out["target"] = 0.67
     out["memory_ratio"] = big["memory"]["ratio"]
     out["memory_target"] = 0.5
+    out["memory_bf16_speedup"] = big["memory_bf16"]["speedup_vs_memory"]
     print(json.dumps(out))
 
 

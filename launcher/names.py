@@ -1,7 +1,7 @@
 """Every component name of a run config, resolved before anything starts (`rft config check`, `rft run`).
 
 Loading a config checks its shape and its fixed choices (`selector_type`, `priority_fn`, `engine_type`,
-`monitor_type`, `store`, `sync_method`, `sample_strategy` are literals refused at load with a
+`monitor_type`, `store`, `sample_strategy` are literals refused at load with a
 suggestion). The names that registries resolve are checked here, against the same registries the
 services use, so a typo or a plug-in that does not import fails in a second instead of as a service
 that dies at start (or, before, an explorer that retried a missing reward function until a deadline):
@@ -13,6 +13,7 @@ that dies at start (or, before, an explorer that retried a missing reward functi
     ... .default_reward_fn_type                                                         REWARD_SCORERS (callable)
     ... .workflow_args.env of a `multi_turn` taskset                                    ENVIRONMENTS
     explorer.rollout_model.tool_call_parser                                             TOOL_CALL_PARSERS
+    synchronizer.sync_method                                                            SYNC_METHODS (a class)
 
 A `module:object` name is imported (after the run's plug-in folders, `plugin_dirs` and `--plugin-dir`,
 are loaded, so names their modules register are known too). Where a trainer runs, the algorithm
@@ -64,6 +65,7 @@ WORKFLOW = Kind("workflow", "services.explorer.workflows", "WORKFLOWS", "class")
 ENVIRONMENT = Kind("environment", "services.explorer.workflows", "ENVIRONMENTS")
 REWARD_FN = Kind("reward function", "services.common.rewards", "REWARD_SCORERS")
 TOOL_PARSER = Kind("tool call parser", "services.explorer.tools", "TOOL_CALL_PARSERS")
+SYNC_METHOD = Kind("weight sync method", "services.common.weight_sync", "SYNC_METHODS", "class")
 
 _ALGORITHM_NAMES = {
     "advantage_fn": ADVANTAGE,
@@ -107,6 +109,8 @@ def config_names(config: RFTConfig) -> list[tuple[str, Kind, str]]:
             out.append((f"{path}.default_reward_fn_type", REWARD_FN, ts.default_reward_fn_type))
     if parser := config.explorer.rollout_model.tool_call_parser:
         out.append(("explorer.rollout_model.tool_call_parser", TOOL_PARSER, parser))
+    if "sync_method" in config.synchronizer.model_fields_set:
+        out.append(("synchronizer.sync_method", SYNC_METHOD, config.synchronizer.sync_method))
     return out
 
 

@@ -1,22 +1,28 @@
-"""Adapters that plug `SyncClient` into the trainer's and the explorer's sync hooks.
+"""Adapters that plug `SyncClient` into the trainer's and the explorer's sync hooks, for any weight-sync
+method: what differs between methods is the method's strategy (`services.common.weight_sync.method`).
 
 Trainer (`services.trainer.core.SyncHook`: `after_step(step) -> metrics`):
-    hook = TrainerSyncHook(client, method, sync=weight_sync.sync, specs=weight_sync.specs,
-                           join_group=...)     # join_group only for nccl
-`after_step(N)` asks the synchronizer whether to publish after step N (`request_sync`; for nccl it
-returns once every explorer is ready), runs `sync()` (whose result has `version`, `step`,
-`checkpoint_path`, like the trainer's `SyncResult`) and then completes the publish: memory - the
-push inside `sync` (`WeightSync(push=client.push_chunks)`) already published; checkpoint -
-`notify_checkpoint(path)`; nccl - `report_sync(ok)` (a failed join or broadcast is reported, so a new
-group generation starts, then re-raised). For nccl it first hands the trainer's tensor specs over and
-(re)joins the group when the synchronizer announces a new generation.
+    hook = TrainerSyncHook(client, sync_method(name), sync=weight_sync.sync, specs=weight_sync.specs,
+                           join_group=weight_sync.join)     # specs/join_group: broadcast methods
+`after_step(N)` asks the synchronizer whether to publish after step N (`request_sync`; for a broadcast
+method it returns once every explorer is ready), runs `sync()` (whose result has `version`, `step`,
+`checkpoint_path`, like the trainer's `SyncResult`) and then lets the method complete the publish
+(`SyncMethod.published`: memory - the push inside `sync` already published; checkpoint -
+`notify_checkpoint(path)`; nccl - `report_sync(ok)`), or report a failure (`SyncMethod.failed`: a
+failed join or broadcast starts a new group generation), then re-raises. A broadcast method first
+hands the trainer's tensor specs over and (re)joins the group when a new generation is announced.
+Pipelined (`snapshot=weight_sync.snapshot, pipeline_every=sync_interval`, used with `sync_offset` >= 1
+and with `fully_async`): after a step due for a sync, the hook only snapshots the weights (private
+copies, under the core's lock) and runs all of the above in the background with that snapshot, so
+the next step trains while they are sent; at most one sync is in flight (the next `after_step`, or
+`flush()`, waits for it and returns its metrics, tagged `sync/pipelined`, or raises its error).
 
 Explorer (`services.explorer.sync.SyncGate`: `before_step(step, model_version)`, `notify_version`):
-    gate = ExplorerSyncGate(client, fetch=MemoryFetch(client, core.load_weights))
-         | ExplorerSyncGate(client, fetch=CheckpointFetch(core.load_weights))
-         | ExplorerSyncGate(client, fetch=BroadcastFetch(client, receiver.setup, receiver.receive))
-`before_step(s)` waits (`wait_for_version(step=s)`) until the plan lets step s run; when a newer
-version exists, or an nccl broadcast is about to start, it fetches and loads it, reports the outcome
+    method = sync_method(name)
+    gate = ExplorerSyncGate(client, method.fetch(client, core.load_weights, receiver), method=method)
+`before_step(s)` waits (`wait_for_version(step=s)`) until the plan lets step s run; when the method
+wants the answer's version (`SyncMethod.wants`: a newer version exists, or a broadcast is about to
+start; without `method=` the answer's `sync_method` names it), it fetches and loads it, reports the outcome
 (`report_sync`) and only then returns. The wait gives up only when nothing moves: at the end of each
 `timeout_s` window it looks where the trainer stands; while the trainer's step advanced since the end
 of the previous window (it catches up after a restart) the wait goes on, so a trainer that stopped
@@ -36,45 +42,36 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
 import grpc
-import torch
 from rft.v1 import common_pb2, synchronizer_pb2
 
 from services.common.sync_client import RunFinished, SyncClient, SyncWaitTimeout
-from services.common.weight_sync import (
-    GroupBrokenError,
-    GroupInfo,
-    StaleGenerationError,
-    TensorSpec,
-    read_state_dict,
-)
-
-Load = Callable[[Iterable[tuple[str, torch.Tensor]], int], Awaitable[Any]]
-WaitAnswer = synchronizer_pb2.WaitForVersionResponse
-
-
-class Published(Protocol):
-    version: int
-    step: int
-    checkpoint_path: str
+from services.common.weight_sync import GroupBrokenError, GroupInfo, StaleGenerationError, TensorSpec
+from services.common.weight_sync.method import Published, SyncMethod, WaitAnswer, sync_method
 
 
 class TrainerSyncHook:
     def __init__(
         self,
         client: SyncClient,
-        method: str,
+        method: str | SyncMethod,
         sync: Callable[[], Awaitable[Published]],
         *,
         specs: Callable[[], Awaitable[Sequence[TensorSpec]]] | None = None,
         join_group: Callable[[GroupInfo, int], Awaitable[Any]] | None = None,
+        snapshot: Callable[[], Awaitable[Any]] | None = None,
+        pipeline_every: int = 0,
     ):
-        if method == "nccl" and (specs is None or join_group is None):
-            raise ValueError("the nccl method needs `specs` and `join_group`")
-        self.client, self.method, self.sync = client, method, sync
+        self.method = sync_method(method)
+        self.snapshot, self.pipeline_every = snapshot, pipeline_every
+        self._inflight: asyncio.Task[Mapping[str, float]] | None = None
+        self._pipelined_step = 0
+        if self.method.broadcast and (specs is None or join_group is None):
+            raise ValueError(f"the {self.method.name} method needs `specs` and `join_group`")
+        self.client, self.sync = client, sync
         self.specs, self.join_group = specs, join_group
         self.joined_generation = 0
         self._specs_sent = False
@@ -97,27 +94,46 @@ class TrainerSyncHook:
             self.joined_generation = info.generation
 
     async def after_step(self, step: int) -> Mapping[str, float]:
+        """Publish after step `step` if the plan says so. Pipelined, the previous step's sync is
+        settled (its metrics returned, its error raised, after this step's sync has started) and this
+        step's weights are snapshot now and sent in the background."""
+        if not self.pipeline_every or self.snapshot is None:
+            return await self._publish(step, None)
+        due = step % self.pipeline_every == 0 and step > self._pipelined_step
+        try:
+            metrics = dict(await self.flush())
+        finally:
+            if due:  # also after a failed previous sync: this step's weights go out regardless
+                self._pipelined_step = step
+                snap = await self.snapshot()
+                self._inflight = asyncio.create_task(self._publish(step, snap), name=f"sync-step-{step}")
+        return metrics if due else {**metrics, **await self._publish(step, None)}
+
+    async def flush(self) -> Mapping[str, float]:
+        """Wait for the sync in flight (pipelined); its metrics, or its error raised."""
+        task, self._inflight = self._inflight, None
+        if task is None:
+            return {}
+        return {**await task, "sync/pipelined": 1.0}
+
+    async def _publish(self, step: int, snapshot: Any) -> Mapping[str, float]:
         t0 = time.perf_counter()
-        if self.method == "nccl" and not self._specs_sent:
+        if self.method.broadcast and not self._specs_sent:
             await self._prepare_group()
         decision = await self.client.request_sync(step)
         if not decision.accepted:
             return {}
         t1 = time.perf_counter()
         try:
-            if self.method == "nccl":
+            if self.method.broadcast:
                 await self._join(decision.generation)
-            result = await self.sync()
+            result = await (self.sync() if snapshot is None else self.sync(snapshot))
             t2 = time.perf_counter()
         except Exception as exc:
-            if self.method == "nccl":
-                await self.client.report_sync(0, False, decision.generation, f"{type(exc).__name__}: {exc}")
-                self.joined_generation = 0
+            await self.method.failed(self.client, decision.generation, exc)
+            self.joined_generation = 0
             raise
-        if self.method == "checkpoint":
-            await self.client.notify_checkpoint(result.version, result.step, result.checkpoint_path)
-        elif self.method == "nccl":
-            await self.client.report_sync(result.version, True, decision.generation)
+        await self.method.published(self.client, result, decision.generation)
         end = time.perf_counter()
         return {
             "timing_s/sync_weights": end - t0,
@@ -134,8 +150,10 @@ class ExplorerSyncGate:
         client: SyncClient,
         fetch: Callable[[WaitAnswer], Awaitable[int]],
         timeout_s: float | None = None,
+        method: str | SyncMethod | None = None,
     ):
         self.client, self.fetch = client, fetch
+        self.method = sync_method(method) if method is not None else None
         self.timeout_s = timeout_s or client.sync_timeout_s
         self.held = client.model_version
         self.waiting_for: int | None = None
@@ -213,9 +231,9 @@ class ExplorerSyncGate:
                 deadline = time.monotonic()  # the window ended: extend it or give up (above)
                 continue
             offered = answer.model_version.version
-            # nccl weights come only by broadcast; the other methods fetch whatever is newer
-            newer = offered > self.held and answer.sync_method != "nccl"
-            if answer.receive_broadcast or newer:
+            # broadcast weights come only in a broadcast; the other methods fetch whatever is newer
+            method = self.method or sync_method(answer.sync_method)
+            if method.wants(answer, self.held):
                 self.waiting_for = offered
                 t_fetch = time.perf_counter()
                 try:
@@ -247,59 +265,3 @@ class ExplorerSyncGate:
     def notify_version(self, model_version: int) -> None:
         self.held = max(self.held, model_version)
         self.client.model_version = max(self.client.model_version, model_version)
-
-
-class MemoryFetch:
-    """memory: pull the latest version from the synchronizer and load it."""
-
-    def __init__(self, client: SyncClient, load: Load, device: str | torch.device = "cpu"):
-        self.client, self.load, self.device = client, load, device
-
-    async def __call__(self, answer: WaitAnswer) -> int:
-        version, state_dict = await self.client.pull_weights(0, self.device)
-        await self.load(state_dict.items(), int(version.version))
-        return int(version.version)
-
-
-class CheckpointFetch:
-    """checkpoint: read the published file named in the answer and load it."""
-
-    def __init__(self, load: Load, device: str | torch.device = "cpu"):
-        self.load, self.device = load, device
-
-    async def __call__(self, answer: WaitAnswer) -> int:
-        mv = answer.model_version
-        state_dict = await asyncio.to_thread(read_state_dict, mv.checkpoint_path, self.device)
-        await self.load(state_dict.items(), int(mv.version))
-        return int(mv.version)
-
-
-class BroadcastFetch:
-    """nccl: (re)join the group when its generation changed, then receive the broadcast.
-
-    `setup(info, first_rank)` and `receive(version)` fit the explorer's `WeightReceiver`.
-    """
-
-    def __init__(
-        self,
-        client: SyncClient,
-        setup: Callable[[GroupInfo, int], Awaitable[Any]],
-        receive: Callable[[int], Awaitable[Any]],
-    ):
-        self.client, self.setup, self.receive = client, setup, receive
-        self.joined_generation = 0
-
-    async def __call__(self, answer: WaitAnswer) -> int:
-        if not answer.receive_broadcast:
-            raise RuntimeError("nccl weights arrive only by broadcast; none is pending")
-        if answer.generation != self.joined_generation:
-            info, ranks = await self.client.get_weight_sync_info()
-            await self.setup(info, ranks[0])
-            self.joined_generation = info.generation
-        version = int(answer.model_version.version)
-        try:
-            await self.receive(version)
-        except Exception:
-            self.joined_generation = 0
-            raise
-        return version

@@ -44,7 +44,8 @@ from services.common.monitor import build_monitor, explorer_run_name
 from services.common.rpc import create_channel
 from services.common.rpc.server import Registration
 from services.common.sync_client import RunFinished, SyncClient, SyncWaitTimeout
-from services.common.sync_hooks import BroadcastFetch, CheckpointFetch, ExplorerSyncGate, MemoryFetch
+from services.common.sync_hooks import ExplorerSyncGate
+from services.common.weight_sync.method import sync_method
 from services.explorer.auxiliary import build_auxiliary_models
 from services.explorer.core import ExplorerCore, find_checkpoints
 from services.explorer.engines import build_engines
@@ -162,19 +163,14 @@ async def attach_synchronizer(
     client = SyncClient.from_config(
         config, core.explorer_id, "explorer", address=me.address or me.host, workers=workers
     )
-    method = config.synchronizer.sync_method
-    if method == "memory":
-        fetch = MemoryFetch(client, core.load_weights)
-    elif method == "checkpoint":
-        fetch = CheckpointFetch(core.load_weights)
-    else:
-        fetch = BroadcastFetch(client, receiver.setup, receiver.receive)
+    method = sync_method(config.synchronizer.sync_method)
+    fetch = method.fetch(client, core.load_weights, receiver)
     if config.mode == "both":
         trainer_step = await _trainer_step(client, config.synchronizer.sync_timeout)
         core.rewind_to(trainer_step)
     await client.register(step=core.step, model_version=core.model_version)
     await client.start()
-    core.gate = ExplorerSyncGate(client, fetch)
+    core.gate = ExplorerSyncGate(client, fetch, method=method)
     core.until_run_ends = config.synchronizer.sync_style == "fully_async"
     return client
 

@@ -6,6 +6,11 @@ trainer's new weights are complete: a whole memory push, a checkpoint notice, or
 the trainer reports done), the sync plan (`plan.py`), the memory method's latest weights
 (`weights.py`) and the nccl rendezvous with its generation (`rendezvous.py`).
 
+Weight-sync methods differ here only by their strategy's two traits (`services.common.weight_sync.
+method.SyncMethod`): `broadcast` (nccl: a group with ranks and generations, the ready handshake, and
+receivers that hold only what they received) and `pushed` (memory, memory_bf16: `PushWeights` keeps
+the latest version for explorers to pull); below, "nccl" stands for any broadcast method.
+
 One method per role and call, every wait an `asyncio.Condition` wait bounded by a timeout
 (`sync_timeout` unless given):
 - trainer: `request_sync(step)` after each step -> publish now or not (nccl: also waits until every
@@ -34,10 +39,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from services.common.weight_sync import TensorSpec
+from services.common.weight_sync.method import sync_method
 from services.synchronizer.errors import InvalidArgument, NotRegistered, WrongState
 from services.synchronizer.members import Event, Member, MemberStatus, Role
 from services.synchronizer.records import (
-    METHODS,
     Broadcast,
     Published,
     RunState,
@@ -56,8 +61,7 @@ class SynchronizerCore:
         clock: Callable[[], float] = time.monotonic,
         on_event: Callable[[Event], None] | None = None,
     ):
-        if settings.method not in METHODS:
-            raise ValueError(f"sync_method {settings.method!r} is not one of {', '.join(METHODS)}")
+        self.method = sync_method(settings.method)  # an unknown name raises, listing the known ones
         self.settings = settings
         self.plan = settings.plan
         self.clock = clock
@@ -153,7 +157,7 @@ class SynchronizerCore:
 
     def _rebuild(self, reason: str) -> None:
         """A new broadcast-group generation (nccl); a broadcast that has not begun is aborted."""
-        if self.settings.method != "nccl":
+        if not self.method.broadcast:
             return
         if self._broadcast is not None and not self._broadcast.accepted:
             self._broadcast = None
@@ -253,7 +257,7 @@ class SynchronizerCore:
         b = self._broadcast
         if b is not None:
             return m.member_id in b.participants and m.member_id not in b.told
-        return self.settings.method != "nccl" and self.published.version > m.model_version
+        return not self.method.broadcast and self.published.version > m.model_version
 
     # ---- trainer ------------------------------------------------------------------------------------
     async def request_sync(
@@ -264,7 +268,7 @@ class SynchronizerCore:
         async with self._cond:
             m = self._member(member_id, Role.TRAINER)
             m.step = self.trainer_step = max(self.trainer_step, step)
-            rebroadcast = self.settings.method == "nccl" and self._explorer_requires(version)
+            rebroadcast = self.method.broadcast and self._explorer_requires(version)
             if version < self.published.version or (version == self.published.version and not rebroadcast):
                 return SyncDecision(False, self.published, reason=f"version {version} is already published")
             if not self.plan.trainer_should_publish(
@@ -273,7 +277,7 @@ class SynchronizerCore:
                 return SyncDecision(
                     False, self.published, reason=f"the {self.plan.style} plan has no sync after step {step}"
                 )
-            if self.settings.method != "nccl":
+            if not self.method.broadcast:
                 return SyncDecision(True, self.published)
             return await self._handshake(m, version, step, timeout or self.settings.sync_timeout)
 
@@ -309,8 +313,10 @@ class SynchronizerCore:
     async def publish_memory(self, weights: StoredWeights) -> Published:
         """A complete memory push: keep it and bump model_version."""
         async with self._cond:
-            if self.settings.method != "memory":
-                raise WrongState(f"PushWeights needs sync_method memory, the run uses {self.settings.method}")
+            if not self.method.pushed:
+                raise WrongState(
+                    f"PushWeights needs a pushed sync_method (memory, memory_bf16), the run uses {self.method.name}"
+                )
             published = self._publish(weights.version, weights.step)
             self.weights = weights
             return published
@@ -367,7 +373,8 @@ class SynchronizerCore:
             self._cond.notify_all()
             pending = Published(b.version, b.step)
             return WaitResult(pending, required, receive_broadcast=True, generation=b.generation)
-        have = m.model_version if self.settings.method == "nccl" else self.published.version
+        # a broadcast receiver holds only what it received; the others may fetch what is published
+        have = m.model_version if self.method.broadcast else self.published.version
         if have >= required:
             if m.status == MemberStatus.REQUIRE_SYNC:
                 m.status = MemberStatus.RUNNING
@@ -396,7 +403,7 @@ class SynchronizerCore:
                 if ok:
                     m.model_version = max(m.model_version, version)
                     m.last_sync_step = m.step
-                elif self.settings.method == "nccl" and generation in (0, self.rendezvous.generation):
+                elif self.method.broadcast and generation in (0, self.rendezvous.generation):
                     self._rebuild(f"{member_id} failed to receive version {version}: {message}")
             self._cond.notify_all()
             return self.published, self.rendezvous.generation
@@ -405,9 +412,9 @@ class SynchronizerCore:
         """nccl: this member's ranks in the current group generation (the trainer supplies specs)."""
         async with self._cond:
             m = self._member(member_id)
-            if self.settings.method != "nccl":
+            if not self.method.broadcast:
                 raise WrongState(
-                    f"GetWeightSyncInfo needs sync_method nccl, the run uses {self.settings.method}"
+                    f"GetWeightSyncInfo needs a broadcast sync_method (nccl), the run uses {self.method.name}"
                 )
             if specs and m.role == Role.TRAINER and self.rendezvous.set_specs(specs):
                 self._rebuild("the trainer's tensor specs changed")

@@ -8,8 +8,6 @@ from services.common.config.runtime import SynchronizerConfig
 from services.synchronizer.members import Member
 from services.synchronizer.plan import SyncPlan
 
-METHODS = ("nccl", "memory", "checkpoint")
-
 
 @dataclass(frozen=True)
 class Settings:

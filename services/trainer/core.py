@@ -117,15 +117,21 @@ class BatchSource(Protocol):
 
 
 class SyncHook(Protocol):
-    """Called after every committed step; returns metrics (e.g. `timing_s/sync_weights`)."""
+    """Called after every committed step; returns metrics (e.g. `timing_s/sync_weights`). A hook
+    may send in the background; `flush` waits for what it has in flight (at the end of a run)."""
 
     async def after_step(self, step: int) -> Mapping[str, float]: ...
+
+    async def flush(self) -> Mapping[str, float]: ...
 
 
 class NoSync:
     """The default hook: weights move only when someone calls SyncWeights."""
 
     async def after_step(self, step: int) -> Mapping[str, float]:
+        return {}
+
+    async def flush(self) -> Mapping[str, float]:
         return {}
 
 
@@ -434,6 +440,7 @@ class TrainerCore:
                     await self.sync_hook.after_step(self.global_step)
                 # checked after a short lease, so one more lease sees everything put before the end
                 draining = data_ended is not None and await data_ended()
+        await self.sync_hook.flush()  # the last step's weights are out before the run ends
         return self.global_step
 
     async def finish(self) -> str:

@@ -111,6 +111,8 @@ async def build(config: RFTConfig) -> tuple[Sequence[Registration], Callable[[],
             sync=_logged(weight_sync),
             specs=weight_sync.specs,
             join_group=weight_sync.join,
+            snapshot=weight_sync.snapshot,
+            pipeline_every=_pipeline_every(config),
         )
         core.sync_hook = _TransferFailureTolerant(hook)
     runner: asyncio.Task[None] | None = None
@@ -123,6 +125,8 @@ async def build(config: RFTConfig) -> tuple[Sequence[Registration], Callable[[],
         if runner is not None and not runner.done():
             runner.cancel()  # a step in flight commits first (TrainerCore)
             await asyncio.gather(runner, return_exceptions=True)
+        with contextlib.suppress(Exception):  # a pipelined sync in flight ends before the group does
+            await asyncio.wait_for(core.sync_hook.flush(), FLUSH_ON_STOP_S)
         await weight_sync.close()
         await core.shutdown(wait_for_save=True)  # saves the last trained step
         if client is not None:
@@ -154,16 +158,26 @@ def _push_to(client: SyncClient):
     return push
 
 
+def _pipeline_every(config: RFTConfig) -> int:
+    """Steps between pipelined syncs (0: none). With `sync_offset` >= 1 (fixed style) or `fully_async`
+    no explorer needs step k's weights before step k+1 ends, so they are sent while it trains."""
+    s = config.synchronizer
+    pipelined = s.sync_style == "fully_async" or (s.sync_style == "fixed" and s.sync_offset >= 1)
+    return s.sync_interval if pipelined else 0
+
+
 def _logged(weight_sync: WeightSync):
     """`weight_sync.sync` plus a log line per sent version (with the weights' digest when asked)."""
 
-    async def sync():
-        result = await weight_sync.sync()
+    async def sync(snapshot=None):
+        result = await weight_sync.sync(snapshot=snapshot)
         log.info("weights sent", version=result.version, step=result.step, digest=result.digest or None)
         return result
 
     return sync
 
+
+FLUSH_ON_STOP_S = 10.0  # how long a stopping trainer lets a background weight sync finish
 
 # The synchronizer is restarting (UNAVAILABLE, or it forgot this member: NOT_FOUND until the heartbeat
 # loop registers again) or slow: the sync is skipped, and a later one sends newer weights.
@@ -183,8 +197,14 @@ class _TransferFailureTolerant:
         self.hook = hook
 
     async def after_step(self, step: int):
+        return await self._tolerant(self.hook.after_step(step), step)
+
+    async def flush(self):
+        return await self._tolerant(self.hook.flush(), -1)
+
+    async def _tolerant(self, call, step: int):
         try:
-            return await self.hook.after_step(step)
+            return await call
         except grpc.aio.AioRpcError as exc:
             if exc.code() not in _SYNCHRONIZER_AWAY:
                 raise

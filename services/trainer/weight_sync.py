@@ -7,13 +7,17 @@
   the authority on generations and ports (it rebuilds the group when explorers come and go), so the
   trainer takes its `GroupInfo` as given instead of offering one (`TrainerSyncHook.join_group`).
 - `teardown(generation)`: leaves the group.
-- `sync(method)`: gathers the full state dict (a collective over the trainer ranks) and sends it:
-  `nccl` bucketed broadcast to the group, `memory` safetensors chunks pushed to the synchronizer
-  (`push` callback, `PushWeights`), `checkpoint` a published safetensors file under
-  `<job_dir>/state_dicts/`.  The version sent is the trainer's current `model_version`.
+- `sync(method)`: gathers the full state dict (a collective over the trainer ranks) and hands it to
+  the method's strategy (`services.common.weight_sync.method.SyncMethod.send`) with what it may send
+  through: the joined broadcast group, the `push` to the synchronizer (`PushWeights`) and the
+  transport options (checkpoints go under `<job_dir>/state_dicts/`). The version sent is the
+  trainer's current `model_version`; `nbytes` is what the method put on the wire. Given a
+  `snapshot()` taken earlier, it sends that instead: the pipelined sync (`sync_offset` >= 1) takes
+  the snapshot right after step k and sends it while step k+1 trains.
   With `digest=True` the result carries `weights_digest` of what was sent (bit-exactness checks).
 
-All engine work is serialised with the core's lock, so a sync never overlaps a step.
+All engine work (the gather) is serialised with the core's lock, so a gather never overlaps a step;
+sending a snapshot may (it reads private copies).
 """
 
 from __future__ import annotations
@@ -21,10 +25,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Awaitable, Callable, Sequence
 
 from rft.v1 import common_pb2
 
+from services.common.registry import UnknownNameError
 from services.common.weight_sync import (
     GroupInfo,
     TensorSpec,
@@ -34,12 +38,10 @@ from services.common.weight_sync import (
     specs_of,
     weights_digest,
 )
+from services.common.weight_sync.method import PushFn, Sender, sync_method
 from services.trainer.core import InvalidRequest, PreconditionError, TrainerCore, TrainerState
 
-__all__ = ["SyncResult", "WeightSync"]
-
-METHODS = ("nccl", "memory", "checkpoint")
-PushFn = Callable[[Sequence[common_pb2.WeightChunk]], Awaitable[None]]
+__all__ = ["Snapshot", "SyncResult", "WeightSync"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +52,15 @@ class SyncResult:
     seconds: float
     nbytes: int
     digest: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """The policy's weights after one step (private copies), taken before the next step changes them."""
+
+    state: dict
+    version: int
+    step: int
 
 
 class WeightSync:
@@ -84,6 +95,13 @@ class WeightSync:
     async def _gather(self) -> dict:
         async with self.core._lock:
             return dict(await asyncio.to_thread(lambda: dict(self.core.engine.iter_state_dict())))
+
+    async def snapshot(self) -> Snapshot:
+        """The current weights with their version and step, gathered under the core's lock (a step
+        in flight finishes first), for a `sync` that runs while the next step trains."""
+        async with self.core._lock:
+            state = dict(await asyncio.to_thread(lambda: dict(self.core.engine.iter_state_dict())))
+            return Snapshot(state, self.core.model_version, self.core.global_step)
 
     async def specs(self) -> tuple[TensorSpec, ...]:
         if self._specs is None:
@@ -135,37 +153,27 @@ class WeightSync:
         await asyncio.to_thread(self.nccl.finalize)
         self.joined = None
 
-    async def sync(self, method: str = "") -> SyncResult:
-        method = method or self.method
-        if method not in METHODS:
-            raise InvalidRequest("method", f"{method!r} is not one of {', '.join(METHODS)}")
-        self._ready()
-        if method == "nccl" and self.joined is None:
-            raise PreconditionError("nccl sync needs SetupWeightSyncGroup first")
-        if method == "memory" and self.push is None:
-            raise PreconditionError("memory sync needs a synchronizer to push to (services.synchronizer)")
-        start = time.perf_counter()
-        state = await self._gather()
-        version, step = self.core.model_version, self.core.global_step
-        nbytes = sum(t.numel() * t.element_size() for t in state.values())
-        path = ""
+    async def sync(self, method: str = "", snapshot: Snapshot | None = None) -> SyncResult:
         try:
-            if method == "nccl":
-                await asyncio.to_thread(self.nccl.send, version, state, step)
-            elif method == "memory":
-                delivery = make_transport("memory", self.options).send(version, state, step)
-                assert self.push is not None
-                await self.push(delivery.chunks)
-            else:
-                delivery = await asyncio.to_thread(
-                    make_transport("checkpoint", self.options).send, version, state, step
-                )
-                path = delivery.path
+            m = sync_method(method or self.method)
+        except (UnknownNameError, ImportError, TypeError) as exc:
+            raise InvalidRequest("method", str(exc)) from exc
+        self._ready()
+        sender = Sender(self.options, self.nccl if self.joined is not None else None, self.push)
+        try:
+            m.check_sender(sender)
         except WeightSyncError as exc:
-            raise PreconditionError(f"weight sync by {method} failed: {exc}") from exc
+            raise PreconditionError(str(exc)) from exc
+        start = time.perf_counter()
+        snap = snapshot or await self.snapshot()
+        state, version, step = snap.state, snap.version, snap.step
+        try:
+            delivery = await m.send(sender, version, step, state)
+        except WeightSyncError as exc:
+            raise PreconditionError(f"weight sync by {m.name} failed: {exc}") from exc
         seconds = time.perf_counter() - start
-        digest = await asyncio.to_thread(weights_digest, state) if self.digest else ""
-        return SyncResult(version, step, path, seconds, nbytes, digest)
+        digest = await asyncio.to_thread(weights_digest, m.as_received(state)) if self.digest else ""
+        return SyncResult(version, step, delivery.path, seconds, m.wire_bytes(state), digest)
 
     async def close(self) -> None:
         if self.joined is not None:

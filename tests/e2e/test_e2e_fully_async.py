@@ -1,7 +1,8 @@
 """`rft run` with `synchronizer.sync_style: fully_async` (all four services as processes, memory
 store, memory weights): the run trains every step and ends cleanly, the explorer never waited for
 weights (the synchronizer records no `wait` event; the explorer's `time/wait_for_weights` stays at one
-RPC), it took newer versions as the trainer published them, and every trained experience is within the
+RPC), it took newer versions as the trainer published them (every step's, each sent while the next
+step trained), and every trained experience is within the
 default staleness bound (4 publishes)."""
 
 from __future__ import annotations
@@ -35,7 +36,10 @@ def test_fully_async_run_trains_every_step_and_the_explorer_never_waits(tmp_path
     # staleness: trainer version - experience version, within the default bound 4 x sync_interval
     assert all(0 <= r["sample/staleness/mean"] <= r["sample/staleness/max"] <= 4 for r in train)
     assert sum(r["sample/dropped_stale"] for r in train) == train[-1]["sample/dropped_stale_total"]
-    assert [r["sync/model_version"] for r in train] == [float(s) for s in range(1, STEPS + 1)]
+    # pipelined: each step's sync runs while the next step trains, so its metrics come with that
+    # step (`sync/pipelined`); the last one is flushed when the run ends
+    assert [r.get("sync/model_version") for r in train] == [None] + [float(s) for s in range(1, STEPS)]
+    assert all(r["sync/pipelined"] == 1.0 for r in train[1:])
 
     explore = [r for r in jsonl(run / "metrics" / "explorer.jsonl") if "rollout/reward/mean" in r]
     assert explore and [r["step"] for r in explore] == list(range(1, len(explore) + 1))
@@ -44,6 +48,6 @@ def test_fully_async_run_trains_every_step_and_the_explorer_never_waits(tmp_path
     assert max(r["rollout/model_version"] for r in explore) > 0  # it took published weights
 
     events = jsonl(run / "synchronizer" / "events.jsonl")
-    assert any(e["kind"] == "publish" for e in events)
+    assert [e["version"] for e in events if e["kind"] == "publish"] == list(range(1, STEPS + 1))
     waits = [e for e in events if e["kind"] == "wait"]
     assert waits == [], waits  # an explorer blocking on the plan is written as a `wait` event

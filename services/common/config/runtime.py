@@ -18,7 +18,9 @@ FULLY_ASYNC_STALE_PUBLISHES = 4
 class SynchronizerConfig(Section):
     """When and how weights move from the trainer to the explorers (Trinity-RFT meaning)."""
 
-    sync_method: Literal["nccl", "checkpoint", "memory"] = "nccl"
+    # A weight-sync method's name (nccl | memory | memory_bf16 | checkpoint, or a plug-in
+    # 'package.module:Class'), checked against the method registry by `rft config check` / `rft run`.
+    sync_method: str = "nccl"
     sync_style: Literal["fixed", "explorer_driven", "trainer_driven", "fully_async"] = "fixed"
     sync_interval: int = Field(1, ge=1)
     sync_offset: int = Field(0, ge=0)

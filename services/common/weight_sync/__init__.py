@@ -13,6 +13,9 @@ imports only torch, safetensors, `services.common` and `rft.v1`. Modules:
 - `loading`    `load_weights(model, named_tensors)`: in place, dtype cast, tied weights.
 - `transport`  `WeightTransport` protocol (prepare, build_group, send, receive, finalize),
                `WEIGHT_TRANSPORTS` registry (`nccl`, `memory`, `checkpoint`), `make_transport`.
+- `method`     `SyncMethod`: one strategy per method (trainer send, explorer fetch, the synchronizer's
+               rules), `SYNC_METHODS` registry, `sync_method(name)`.
+- `methods`    the built-in methods `nccl`, `memory`, `checkpoint`; `bf16_wire`: `memory_bf16`.
 - `errors`     `WeightSyncError` and its subclasses.
 """
 
@@ -28,6 +31,7 @@ from services.common.weight_sync.errors import (
 from services.common.weight_sync.group import GroupInfo, free_port
 from services.common.weight_sync.loading import WeightLoadError, load_weights
 from services.common.weight_sync.memory import chunks_to_state_dict, state_dict_to_chunks
+from services.common.weight_sync.method import SYNC_METHODS, Sender, SyncMethod, known_methods, sync_method
 from services.common.weight_sync.specs import (
     TensorSpec,
     specs_from_proto,
@@ -44,6 +48,7 @@ from services.common.weight_sync.transport import (
 )
 
 __all__ = [
+    "SYNC_METHODS",
     "WEIGHT_TRANSPORTS",
     "BroadcastGroup",
     "CheckpointNotFoundError",
@@ -53,7 +58,9 @@ __all__ = [
     "GroupInfo",
     "MissingChunkError",
     "SendStats",
+    "Sender",
     "StaleGenerationError",
+    "SyncMethod",
     "TensorSpec",
     "TransportOptions",
     "WeightLoadError",
@@ -61,6 +68,7 @@ __all__ = [
     "WeightTransport",
     "chunks_to_state_dict",
     "free_port",
+    "known_methods",
     "load_weights",
     "make_transport",
     "read_state_dict",
@@ -68,5 +76,8 @@ __all__ = [
     "specs_of",
     "specs_to_proto",
     "state_dict_to_chunks",
+    "sync_method",
     "weights_digest",
 ]
+
+known_methods()  # the built-in methods register on import of the package

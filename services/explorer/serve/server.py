@@ -7,7 +7,7 @@ handler stops the service, and `stop()` stops the server.
 
 `follow_weights` replaces the explore loop's sync gate in serve mode: there are no explore steps, so
 it waits (`WaitForVersion` with `min_version` = held + 1) for any version newer than the one it holds,
-fetches it with the run's `sync_method` (the same `MemoryFetch`/`CheckpointFetch`/`BroadcastFetch`
+fetches it with the run's `sync_method` (`SyncMethod.fetch`, the same fetch
 as the explorer), loads it into the engines between generations and reports the load. It returns
 when the run finished (the trainer reached its `total_steps`).
 """
@@ -29,6 +29,7 @@ from services.common.config.explorer import SERVE_URL_FILE as URL_FILE
 from services.common.log import get_logger
 from services.common.sync_client import SyncClient
 from services.common.weight_sync import GroupBrokenError, StaleGenerationError
+from services.common.weight_sync.method import sync_method
 
 log = get_logger("explorer.serve")
 
@@ -103,7 +104,7 @@ async def follow_weights(
         if answer.timed_out:
             continue
         offered = int(answer.model_version.version)
-        if not (answer.receive_broadcast or (offered > held and answer.sync_method != "nccl")):
+        if not sync_method(answer.sync_method).wants(answer, held):
             continue
         try:
             loaded = await fetch(answer)

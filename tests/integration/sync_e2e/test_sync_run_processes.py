@@ -1,6 +1,7 @@
 """A run that drives itself across five processes (synchronizer, buffer, trainer, two explorers) for
 each weight-sync method: weights arrive bit for bit (SHA-256 of what the trainer sent == of what each
-explorer's engine holds after loading, per version), `model_version` advances, the sync plan's
+explorer's engine holds after loading, per version; `memory_bf16`, named as a plug-in would be by its
+class path, sends the bf16-rounded weights), `model_version` advances, the sync plan's
 interleaving holds (read from the synchronizer's event history: with `sync_offset` 0 every explore
 step s runs on weights >= s - 1; with 1 an explorer runs step 2 before the first version exists),
 the explorers stop when their data ends, the trainer drains the buffer, saves the final step with
@@ -42,7 +43,10 @@ def _check_end(run: RunHarness, trainer_steps: int) -> None:
     assert list((run.job_dir / f"global_step_{trainer_steps}" / "huggingface").glob("*.safetensors"))
 
 
-@pytest.mark.parametrize(("method", "offset"), [("memory", 0), ("checkpoint", 1)])
+BF16_AS_PLUGIN = "services.common.weight_sync.bf16_wire:Bf16WireMethod"  # `memory_bf16`, by its class path
+
+
+@pytest.mark.parametrize(("method", "offset"), [("memory", 0), ("checkpoint", 1), (BF16_AS_PLUGIN, 0)])
 def test_sync_run_delivers_bit_exact_weights_on_plan(run: RunHarness, method: str, offset: int):
     steps = 3
     run.write_config(method, steps_per_explorer=steps, offset=offset)

@@ -11,9 +11,10 @@ import torch
 
 from services.common.modeling import load_model
 from services.common.sync_client import SyncWaitTimeout
-from services.common.sync_hooks import CheckpointFetch, ExplorerSyncGate, MemoryFetch, TrainerSyncHook
+from services.common.sync_hooks import ExplorerSyncGate, TrainerSyncHook
 from services.common.tiny_model import make_tiny_model
-from services.common.weight_sync import CheckpointStore, load_weights, state_dict_to_chunks
+from services.common.weight_sync import CheckpointStore, WeightSyncError, load_weights, state_dict_to_chunks
+from services.common.weight_sync.methods import CheckpointFetch, MemoryFetch
 
 
 @pytest.fixture(scope="module")
@@ -220,3 +221,58 @@ async def test_fully_async_gate_never_waits_and_takes_new_weights_at_the_next_st
     assert_bit_equal(target, sync.last)
     # the synchronizer never saw the explorer wait (a `wait` event is written whenever one blocks)
     assert [e for e in core.history if e.kind == "wait"] == []
+
+
+async def test_pipelined_hook_sends_the_snapshot_while_the_next_step_trains(
+    tiny_dir, sync_server, sync_clients
+):
+    """`pipeline_every`: after a step the hook only snapshots the weights and returns; the sync runs in
+    the background while the next step changes the weights, and publishes the snapshot, not them. A
+    failed background sync surfaces at the next step, whose own sync has started regardless."""
+    core, address = await sync_server(method="memory", offset=1)
+    trainer = await sync_clients(address, "trainer", "trainer")
+    explorer = await sync_clients(address, "e0", "explorer")
+    source, target = load_model(tiny_dir), load_model(tiny_dir)
+    release, fail = asyncio.Event(), set()
+
+    class Snap:
+        def __init__(self, step):
+            self.step = step
+            self.state = {k: v.detach().clone() for k, v in source.state_dict().items()}
+
+    class Result:
+        def __init__(self, version):
+            self.version, self.step, self.checkpoint_path = version, version, ""
+
+    async def snapshot():
+        return Snap(core.trainer_step)
+
+    async def sync(snap=None):
+        assert snap is not None, "a pipelined hook sends its snapshot"
+        await release.wait()
+        if snap.step in fail:
+            raise WeightSyncError(f"send of step {snap.step} broke")
+        await trainer.push_weights(snap.state, version=snap.step, step=snap.step)
+        return Result(snap.step)
+
+    hook = TrainerSyncHook(trainer, "memory", sync, snapshot=snapshot, pipeline_every=1)
+    await trainer.heartbeat(step=1)
+    assert await hook.after_step(1) == {}  # returned with the sync still waiting to send
+    sent = {k: v.clone() for k, v in source.state_dict().items()}
+    perturbed_state_dict(source, seed=7)  # step 2 trains meanwhile
+    release.set()
+    metrics = await hook.flush()
+    assert metrics["sync/model_version"] == 1.0 and metrics["sync/pipelined"] == 1.0
+    version, state_dict = await explorer.pull_weights()
+    load_weights(target, state_dict)
+    assert version.version == 1
+    assert_bit_equal(target, sent)  # the snapshot, not the weights step 2 wrote
+
+    fail.add(2)
+    await trainer.heartbeat(step=2)
+    assert await hook.after_step(2) == {}
+    await trainer.heartbeat(step=3)
+    with pytest.raises(WeightSyncError, match="step 2 broke"):
+        await hook.after_step(3)
+    assert (await hook.flush())["sync/model_version"] == 3.0  # step 3's sync went out all the same
+    assert core.published.version == 3

@@ -52,6 +52,17 @@ def test_each_algorithm_name_is_checked_with_known_names_and_a_suggestion(key, b
     assert set(problems) == {f"algorithm.{key}"}  # nothing else, and no preset check in explore mode
 
 
+def test_sync_method_is_checked_against_the_method_registry():
+    problems = _by_path(check_names(_config(synchronizer__sync_method="memmory")))
+    message = problems["synchronizer.sync_method"]
+    assert "unknown weight sync method 'memmory'" in message and "did you mean `memory`?" in message
+    assert "memory_bf16" in message.split("known: ")[1]
+    for name in ("nccl", "online", "memory", "memory_bf16", "checkpoint"):
+        assert check_names(_config(synchronizer__sync_method=name)) == [], name
+    plugin = "services.common.weight_sync.bf16_wire:Bf16WireMethod"
+    assert check_names(_config(synchronizer__sync_method=plugin)) == []
+
+
 def test_workflow_reward_and_environment_names_of_every_taskset_and_default():
     tree = {
         "mode": "explore",
@@ -201,7 +212,7 @@ def test_config_check_and_show_take_plugin_dirs(tmp_path):
 
 
 def test_fixed_choices_are_refused_at_load_with_a_suggestion():
-    # selectors, replay priority functions, engines, monitors, stores and sync methods are literals
+    # selectors, replay priority functions, engines, monitors and stores are literals
     bad = {
         f"{TASKSET}__data_selector__selector_type": ("shufle", "shuffle"),
         "buffer__trainer_input__experience_buffer__replay_buffer__priority_fn": (
@@ -211,7 +222,6 @@ def test_fixed_choices_are_refused_at_load_with_a_suggestion():
         "explorer__rollout_model__engine_type": ("vlm", "vllm"),
         "monitor__monitor_type": ("tensorbord", "tensorboard"),
         "services__buffer__store": ("rediss", "redis"),
-        "synchronizer__sync_method": ("memmory", "memory"),
     }
     with pytest.raises(ConfigError) as err:
         _config(**{key: value for key, (value, _) in bad.items()})

@@ -1,0 +1,126 @@
+"""`SyncMethod`: one strategy object per weight-sync method (`synchronizer.sync_method`).
+
+A method owns everything that differs between methods, in one place, for all three roles:
+
+- **the synchronizer's rules** (two traits): `broadcast` - the weights travel through a group the
+  synchronizer hands out (ranks, generations, the ready handshake before a publish, and receivers hold
+  only what they received, so a (re)joined one gets the published version re-broadcast); `pushed` -
+  the trainer pushes the weights to the synchronizer, which keeps the latest version for explorers
+  to pull (`PushWeights` / `PullWeights`).
+- **the trainer's send**: `check_sender(sender)` before the gather, `send(sender, version, step,
+  state) -> Delivery`, then `published(client, result, generation)` completes the publish with the
+  synchronizer (or `failed(...)` after an error).
+- **the explorer's receive**: `wants(answer, held)` - does a `WaitForVersion` answer call for a fetch;
+  `fetch(client, load, receiver)` - the callable that fetches and loads one version.
+
+Methods register in `SYNC_METHODS`; `sync_method(name)` returns the (stateless) instance. The
+built-ins are in `methods.py` (`nccl`, `memory`, `checkpoint`) and `bf16_wire.py` (`memory_bf16`);
+adding a method is one module plus its line in `BUILTIN_MODULES`. A plug-in method is a
+`package.module:Class` path. No code outside this component compares method names.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from rft.v1 import common_pb2, synchronizer_pb2
+
+from services.common.registry import Registry
+from services.common.weight_sync.transport import Delivery, TransportOptions, WeightTransport
+
+__all__ = ["BUILTIN_MODULES", "SYNC_METHODS", "Published", "Sender", "SyncMethod", "sync_method"]
+
+Load = Callable[[Iterable[tuple[str, torch.Tensor]], int], Awaitable[Any]]
+WaitAnswer = synchronizer_pb2.WaitForVersionResponse
+Fetch = Callable[[WaitAnswer], Awaitable[int]]
+PushFn = Callable[[Sequence[common_pb2.WeightChunk]], Awaitable[Any]]
+BUILTIN_MODULES = ("services.common.weight_sync.methods", "services.common.weight_sync.bf16_wire")
+
+
+class Published(Protocol):
+    version: int
+    step: int
+    checkpoint_path: str
+
+
+@dataclass
+class Sender:
+    """What the trainer offers a method to send with: its transport options, the broadcast transport
+    it joined (None until it joins a group) and the push to the synchronizer (None without one)."""
+
+    options: TransportOptions
+    group: WeightTransport | None = None
+    push: PushFn | None = None
+
+
+class SyncMethod:
+    """Base of every method; subclasses set the traits and implement `send` and `fetch`."""
+
+    name = ""
+    broadcast = False  # the weights travel through a synchronizer-coordinated group
+    pushed = False  # the trainer pushes the weights to the synchronizer; explorers pull them
+
+    # ---- trainer ---------------------------------------------------------------------------------
+    def check_sender(self, sender: Sender) -> None:
+        """Raise `WeightSyncError` naming what is missing before anything is gathered."""
+
+    async def send(
+        self, sender: Sender, version: int, step: int, state: Mapping[str, torch.Tensor]
+    ) -> Delivery:
+        raise NotImplementedError
+
+    def wire_bytes(self, state: Mapping[str, torch.Tensor]) -> int:
+        """Bytes of weights this method puts on the wire for `state`."""
+        return sum(t.numel() * t.element_size() for t in state.values())
+
+    def as_received(self, state: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
+        """`state` as an explorer holding the same dtypes ends up with (for digests): itself unless
+        the method changes values on the way."""
+        return state
+
+    async def published(self, client: Any, result: Published, generation: int) -> None:
+        """The send succeeded: complete the publish with the synchronizer (`SyncClient`)."""
+
+    async def failed(self, client: Any, generation: int, error: BaseException) -> None:
+        """The send (or the join before it) failed: tell the synchronizer what it must know."""
+
+    # ---- explorer --------------------------------------------------------------------------------
+    def wants(self, answer: WaitAnswer, held: int) -> bool:
+        """Does this `WaitForVersion` answer call for a fetch by an explorer holding `held`?"""
+        return answer.receive_broadcast or (not self.broadcast and answer.model_version.version > held)
+
+    def fetch(self, client: Any, load: Load, receiver: Any = None) -> Fetch:
+        """The explorer's fetch-and-load of one version (`receiver`: its broadcast `WeightReceiver`)."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<sync method {self.name}>"
+
+
+SYNC_METHODS: Registry[type[SyncMethod]] = Registry("weight sync method")
+_INSTANCES: dict[type[SyncMethod], SyncMethod] = {}
+
+
+def known_methods() -> list[str]:
+    """Canonical names of the built-in methods (and of any registered plug-in)."""
+    for module in BUILTIN_MODULES:
+        importlib.import_module(module)
+    return SYNC_METHODS.names()
+
+
+def sync_method(name: str | SyncMethod) -> SyncMethod:
+    """The method named `name` (aliases: online -> nccl, offline -> checkpoint; or `pkg.mod:Class`);
+    an unknown name lists the known ones."""
+    if isinstance(name, SyncMethod):
+        return name
+    known_methods()
+    cls = SYNC_METHODS.get(name)
+    if not (isinstance(cls, type) and issubclass(cls, SyncMethod)):
+        raise TypeError(f"weight sync method {name!r} is {cls!r}, not a SyncMethod subclass")
+    if cls not in _INSTANCES:
+        _INSTANCES[cls] = cls()
+    return _INSTANCES[cls]

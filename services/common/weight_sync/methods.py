@@ -1,0 +1,171 @@
+"""The built-in weight-sync methods (`SyncMethod` strategies, see `method.py`).
+
+- `nccl` (alias `online`): a bucketed broadcast through a stateless torch.distributed group (nccl on
+  CUDA, gloo on CPU, same-host shared memory when every member shares the host), coordinated by the
+  synchronizer: the trainer joins the generation it announces, sends, and reports the outcome, which
+  publishes; explorers (re)join on a new generation and receive while the trainer sends.
+- `memory`: safetensors chunks pushed to the synchronizer (`PushWeights`; the push publishes);
+  explorers pull the latest version (`PullWeights`).
+- `checkpoint` (alias `offline`): an atomically published safetensors file under the run's
+  `state_dicts/` folder; the trainer notifies the synchronizer of its path; explorers read it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from services.common.weight_sync.checkpoint import read_state_dict
+from services.common.weight_sync.errors import WeightSyncError
+from services.common.weight_sync.method import (
+    SYNC_METHODS,
+    Fetch,
+    Load,
+    Published,
+    Sender,
+    SyncMethod,
+    WaitAnswer,
+)
+from services.common.weight_sync.transport import Delivery, make_transport
+
+__all__ = [
+    "BroadcastFetch",
+    "BroadcastMethod",
+    "CheckpointFetch",
+    "CheckpointMethod",
+    "MemoryFetch",
+    "MemoryMethod",
+]
+
+
+@SYNC_METHODS.register("nccl", "online")
+class BroadcastMethod(SyncMethod):
+    name = "nccl"
+    broadcast = True
+
+    def check_sender(self, sender: Sender) -> None:
+        if sender.group is None:
+            raise WeightSyncError("nccl sync needs a weight-sync group first (SetupWeightSyncGroup)")
+
+    async def send(
+        self, sender: Sender, version: int, step: int, state: Mapping[str, torch.Tensor]
+    ) -> Delivery:
+        self.check_sender(sender)
+        assert sender.group is not None
+        return await asyncio.to_thread(sender.group.send, version, state, step)
+
+    async def published(self, client: Any, result: Published, generation: int) -> None:
+        await client.report_sync(result.version, True, generation)
+
+    async def failed(self, client: Any, generation: int, error: BaseException) -> None:
+        # a failed join or broadcast is reported, so the synchronizer starts a new group generation
+        await client.report_sync(0, False, generation, f"{type(error).__name__}: {error}")
+
+    def fetch(self, client: Any, load: Load, receiver: Any = None) -> Fetch:
+        if receiver is None:
+            raise WeightSyncError("the nccl method needs the explorer's weight receiver")
+        return BroadcastFetch(client, receiver.setup, receiver.receive)
+
+
+@SYNC_METHODS.register("memory")
+class MemoryMethod(SyncMethod):
+    name = "memory"
+    pushed = True
+
+    def check_sender(self, sender: Sender) -> None:
+        if sender.push is None:
+            raise WeightSyncError("memory sync needs a synchronizer to push to (services.synchronizer)")
+
+    def encode(self, state: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
+        """The tensors as they go on the wire (subclasses change dtypes)."""
+        return state
+
+    def wire_bytes(self, state: Mapping[str, torch.Tensor]) -> int:
+        return super().wire_bytes(self.encode(state))
+
+    def as_received(self, state: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
+        wire = self.encode(state)
+        return state if wire is state else {k: wire[k].to(t.dtype) for k, t in state.items()}
+
+    async def send(
+        self, sender: Sender, version: int, step: int, state: Mapping[str, torch.Tensor]
+    ) -> Delivery:
+        self.check_sender(sender)
+        assert sender.push is not None
+        delivery = make_transport("memory", sender.options).send(version, self.encode(state), step)
+        await sender.push(delivery.chunks)  # complete: the synchronizer publishes
+        return delivery
+
+    def fetch(self, client: Any, load: Load, receiver: Any = None) -> Fetch:
+        return MemoryFetch(client, load)
+
+
+@SYNC_METHODS.register("checkpoint", "offline")
+class CheckpointMethod(SyncMethod):
+    name = "checkpoint"
+
+    async def send(
+        self, sender: Sender, version: int, step: int, state: Mapping[str, torch.Tensor]
+    ) -> Delivery:
+        transport = make_transport("checkpoint", sender.options)
+        return await asyncio.to_thread(transport.send, version, state, step)
+
+    async def published(self, client: Any, result: Published, generation: int) -> None:
+        await client.notify_checkpoint(result.version, result.step, result.checkpoint_path)
+
+    def fetch(self, client: Any, load: Load, receiver: Any = None) -> Fetch:
+        return CheckpointFetch(load)
+
+
+class MemoryFetch:
+    """memory: pull the latest version from the synchronizer and load it."""
+
+    def __init__(self, client: Any, load: Load, device: str | torch.device = "cpu"):
+        self.client, self.load, self.device = client, load, device
+
+    async def __call__(self, answer: WaitAnswer) -> int:
+        version, state_dict = await self.client.pull_weights(0, self.device)
+        await self.load(state_dict.items(), int(version.version))
+        return int(version.version)
+
+
+class CheckpointFetch:
+    """checkpoint: read the published file named in the answer and load it."""
+
+    def __init__(self, load: Load, device: str | torch.device = "cpu"):
+        self.load, self.device = load, device
+
+    async def __call__(self, answer: WaitAnswer) -> int:
+        mv = answer.model_version
+        state_dict = await asyncio.to_thread(read_state_dict, mv.checkpoint_path, self.device)
+        await self.load(state_dict.items(), int(mv.version))
+        return int(mv.version)
+
+
+class BroadcastFetch:
+    """nccl: (re)join the group when its generation changed, then receive the broadcast.
+
+    `setup(info, first_rank)` and `receive(version)` fit the explorer's `WeightReceiver`.
+    """
+
+    def __init__(self, client: Any, setup: Any, receive: Any):
+        self.client, self.setup, self.receive = client, setup, receive
+        self.joined_generation = 0
+
+    async def __call__(self, answer: WaitAnswer) -> int:
+        if not answer.receive_broadcast:
+            raise WeightSyncError("nccl weights arrive only by broadcast; none is pending")
+        if answer.generation != self.joined_generation:
+            info, ranks = await self.client.get_weight_sync_info()
+            await self.setup(info, ranks[0])
+            self.joined_generation = info.generation
+        version = int(answer.model_version.version)
+        try:
+            await self.receive(version)
+        except Exception:
+            self.joined_generation = 0
+            raise
+        return version

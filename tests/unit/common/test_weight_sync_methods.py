@@ -1,0 +1,170 @@
+"""The weight-sync methods as strategies: the registry, the `memory_bf16` method (half the bytes, the
+values an explorer ends up with), the senders' preconditions, and the rule that no code outside the
+component compares method names."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+from pathlib import Path
+
+import pytest
+import torch
+
+from services.common.registry import UnknownNameError
+from services.common.weight_sync import (
+    SYNC_METHODS,
+    Sender,
+    SyncMethod,
+    TransportOptions,
+    WeightSyncError,
+    chunks_to_state_dict,
+    sync_method,
+)
+
+ROOT = Path(__file__).resolve().parents[3]
+COMPONENT = ROOT / "services" / "common" / "weight_sync"
+
+
+def _state() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    emb = torch.randn(256, 64, generator=g)
+    return {
+        "model.embed_tokens.weight": emb,
+        "lm_head.weight": emb,  # tied
+        "model.norm.weight": torch.randn(64, generator=g),
+        "model.position_ids": torch.arange(16),
+    }
+
+
+def test_registry_has_each_method_with_its_traits():
+    assert SYNC_METHODS.names() == ["checkpoint", "memory", "memory_bf16", "nccl"]
+    assert sync_method("online") is sync_method("nccl") and sync_method("offline").name == "checkpoint"
+    traits = {n: (sync_method(n).broadcast, sync_method(n).pushed) for n in SYNC_METHODS.names()}
+    assert traits == {
+        "nccl": (True, False),
+        "memory": (False, True),
+        "memory_bf16": (False, True),
+        "checkpoint": (False, False),
+    }
+    with pytest.raises(UnknownNameError, match="did you mean"):
+        sync_method("memroy")
+    plugin = sync_method("services.common.weight_sync.bf16_wire:Bf16WireMethod")
+    assert plugin is sync_method("memory_bf16")
+
+
+def test_bf16_on_the_wire_halves_the_bytes_and_keeps_ties_and_integers():
+    state = _state()
+    memory, bf16 = sync_method("memory"), sync_method("memory_bf16")
+    # per name (the tied matrix twice): fp32 floats halve, the int64 buffer stays
+    assert memory.wire_bytes(state) == 256 * 64 * 4 * 2 + 64 * 4 + 16 * 8
+    assert bf16.wire_bytes(state) == 256 * 64 * 2 * 2 + 64 * 2 + 16 * 8
+    pushed: list = []
+
+    async def push(chunks):
+        pushed.extend(chunks)
+
+    sender = Sender(TransportOptions(chunk_bytes=1 << 14), push=push)
+    sizes = {}
+    for method in (memory, bf16):
+        pushed.clear()
+        asyncio.run(method.send(sender, 3, 7, state))
+        sizes[method.name] = sum(len(c.data) for c in pushed)
+        mv, got = chunks_to_state_dict(pushed)
+        assert (mv.version, mv.step) == (3, 7)
+        expected = method.as_received(state)
+        for name, t in state.items():
+            assert torch.equal(got[name].to(t.dtype), expected[name]), name
+    assert sizes["memory_bf16"] < 0.52 * sizes["memory"], sizes
+    received = sync_method("memory_bf16").as_received(state)
+    assert received["model.position_ids"].dtype == torch.int64
+    assert torch.equal(received["model.position_ids"], state["model.position_ids"])
+    err = (received["lm_head.weight"] - state["lm_head.weight"]).abs() / state["lm_head.weight"].abs()
+    assert 0 < err.max() <= 2**-8  # rounded, within bf16's half ulp
+
+
+def test_senders_name_what_they_lack():
+    state = _state()
+    with pytest.raises(WeightSyncError, match="push to"):
+        sync_method("memory_bf16").check_sender(Sender(TransportOptions()))
+    with pytest.raises(WeightSyncError, match="weight-sync group"):
+        sync_method("nccl").check_sender(Sender(TransportOptions()))
+    with pytest.raises(WeightSyncError, match="weight receiver"):
+        sync_method("nccl").fetch(client=None, load=None)
+    sync_method("checkpoint").check_sender(Sender(TransportOptions()))  # needs nothing from the trainer
+    assert sync_method("memory").as_received(state) is state
+
+
+def test_wants_fetch_per_method():
+    from rft.v1 import common_pb2, synchronizer_pb2
+
+    newer = synchronizer_pb2.WaitForVersionResponse(model_version=common_pb2.ModelVersion(version=5))
+    pending = synchronizer_pb2.WaitForVersionResponse(
+        model_version=common_pb2.ModelVersion(version=5), receive_broadcast=True
+    )
+    assert sync_method("memory").wants(newer, held=4) and not sync_method("memory").wants(newer, held=5)
+    assert not sync_method("nccl").wants(newer, held=4)  # broadcast weights come only in a broadcast
+    assert sync_method("nccl").wants(pending, held=5)
+
+
+def _method_names() -> set[str]:
+    return set(SYNC_METHODS.names(include_aliases=True))
+
+
+def _compares_a_method_name(node: ast.AST, names: set[str]) -> bool:
+    """`x == "nccl"`, `x != "memory"`, `x in ("nccl", ...)` where x's source mentions a method."""
+    if not isinstance(node, ast.Compare):
+        return False
+    operands = [node.left, *node.comparators]
+    consts = set()
+    for op in operands:
+        if isinstance(op, ast.Constant) and isinstance(op.value, str):
+            consts.add(op.value)
+        elif isinstance(op, (ast.Tuple, ast.List, ast.Set)):
+            consts |= {e.value for e in op.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+    others = " ".join(ast.unparse(op) for op in operands if not isinstance(op, ast.Constant))
+    return bool(consts & names) and "method" in others.lower()
+
+
+def test_no_code_outside_the_component_branches_on_a_method_name():
+    names = _method_names()
+    found = []
+    for folder in ("services", "launcher"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if COMPONENT in path.parents or path.name.endswith(("_pb2.py", "_pb2_grpc.py")):
+                continue
+            tree = ast.parse(path.read_text(), str(path))
+            found += [
+                f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}"
+                for node in ast.walk(tree)
+                if _compares_a_method_name(node, names)
+            ]
+    assert found == [], "weight-sync method branches outside services/common/weight_sync:\n" + "\n".join(
+        found
+    )
+
+
+def test_the_rule_catches_a_branch():
+    names = _method_names()
+    for source in ('method == "nccl"', 'self.settings.method != "memory"', 'sync_method in ("online", "x")'):
+        assert _compares_a_method_name(ast.parse(source, mode="eval").body, names), source
+    for source in ('store == "memory"', 'backend == "nccl"'):
+        assert not _compares_a_method_name(ast.parse(source, mode="eval").body, names), source
+
+
+def test_a_new_method_is_one_subclass_and_a_registry_entry():
+    @SYNC_METHODS.register("memory_test_only")
+    class Doubling(type(sync_method("memory"))):
+        name = "memory_test_only"
+
+        def encode(self, state):
+            return {k: t * 2 for k, t in state.items()}
+
+    try:
+        method = sync_method("memory_test_only")
+        assert isinstance(method, SyncMethod) and method.pushed and not method.broadcast
+        state = {"w": torch.ones(4)}
+        assert torch.equal(method.as_received(state)["w"], torch.full((4,), 2.0))
+    finally:
+        SYNC_METHODS._entries.pop("memory_test_only")
+        SYNC_METHODS._canonical.pop("memory_test_only")
