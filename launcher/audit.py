@@ -4,7 +4,7 @@ It compares two records: the buffer's accepted log (with the Redis store, the li
 that the buffer appends to atomically with every put) and the lineage of the job's last durable
 checkpoint (`global_step_N/lineage.jsonl`: the uids every step trained). Experiences still stored in
 the buffer at the end (explored but never needed: the run reached `total_steps` first) are counted
-apart, read from the stream itself. The counts:
+apart, read from the stream and its payloads (`<prefix>:data`). The counts:
 
     produced        experiences the buffer accepted
     trained_once    accepted, and trained by exactly one step of the final model
@@ -84,8 +84,9 @@ def redis_records(url: str, prefix: str) -> tuple[list[str], list[str]]:
     try:
         accepted = [u.decode() for u in client.lrange(f"{prefix}:accepted", 0, -1)]
         remaining = []
-        for _, fields in client.xrange(f"{prefix}:stream", "-", "+"):
-            payload = fields[b"d"]
+        data = client.hgetall(f"{prefix}:data")  # stream entry id -> payload
+        for entry_id, fields in client.xrange(f"{prefix}:stream", "-", "+"):
+            payload = fields.get(b"d") or data.get(entry_id, b"")  # `d`: written by an older buffer
             for exp in buffer_pb2.GetBatchResponse.FromString(payload).experiences:
                 remaining.append(experience_uid(exp.eid))
     finally:

@@ -6,7 +6,7 @@ until `timeout_ms` runs out, then for whatever is there (`partial`). Waiters wak
 this process and poll the store every `poll_interval_s` for changes made elsewhere (another replica,
 lease expiry), so the wait is bounded by the deadline, never by a sleep.
 
-Consumer groups are declared (`CoreSettings.consumer_groups`, from `services.buffer.consumer_groups`)
+Consumer groups are declared (`BufferSettings.consumer_groups`, from `services.buffer.consumer_groups`)
 and created by `start`; a call naming any other group is refused, so a stray name never makes a group
 that would hold every experience back from retention. The empty name means `default`.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from rft.v1 import experience_pb2
 
@@ -30,8 +30,9 @@ from services.buffer.records import (
     ValidationError,
     group_records,
 )
+from services.buffer.settings import BufferSettings
 from services.buffer.store import DEFAULT_CONSUMER_GROUP, Store
-from services.buffer.validation import Limits, validate_batch
+from services.buffer.validation import validate_batch
 
 # Upper bound of GetBatch's `min_model_version`; see `check_min_model_version`.
 MAX_MIN_MODEL_VERSION = 1 << 31
@@ -66,22 +67,12 @@ class Batch:
     dropped_stale: int
 
 
-@dataclass
-class CoreSettings:
-    on_full: str = "reject"  # reject | wait
-    lease_ms: int = 600_000
-    max_read_timeout_s: float = 1800.0
-    poll_interval_s: float = 0.05
-    limits: Limits = field(default_factory=Limits)
-    consumer_groups: tuple[str, ...] = (DEFAULT_CONSUMER_GROUP,)
-
-
 class BufferCore:
     """Validation, capacity policy, batching waits and leases over one store."""
 
-    def __init__(self, store: Store, settings: CoreSettings | None = None):
+    def __init__(self, store: Store, settings: BufferSettings | None = None):
         self.store = store
-        self.settings = settings or CoreSettings()
+        self.settings = settings or BufferSettings()
         self._changed = asyncio.Event()
         self.consumer_groups: tuple[str, ...] = tuple(self.settings.consumer_groups)
 
@@ -121,12 +112,14 @@ class BufferCore:
         sequence: int = 0,
         idempotent: bool = False,
         wire: list[bytes] | None = None,
+        wire_bytes: int | None = None,
     ) -> PutOutcome:
         """Validate and store a batch whole; raise `ValidationError` or (on_full=reject) `BufferFull`.
 
-        `wire`: each experience's bytes as received (see `WireBatch`), stored without re-serializing."""
+        `wire`: each experience's bytes as received (see `WireBatch`), stored without re-serializing;
+        `wire_bytes`: the size of the batch as received."""
         try:
-            validate_batch(batch, self.settings.limits)
+            validate_batch(batch, self.settings.limits, wire_bytes, wire)
             if idempotent and not batch.producer_id:
                 raise ValidationError("batch.producer_id", "required for sequenced puts")
             if idempotent and sequence <= 0:

@@ -49,6 +49,8 @@ class ConsumerNotOpen(BufferError):
 
 
 def _varint(value: int) -> bytes:
+    if value < 0x4000:  # every experience of a usual size: one or two bytes
+        return bytes((value,)) if value < 0x80 else bytes((value & 0x7F | 0x80, value >> 7))
     out = bytearray()
     while True:
         byte = value & 0x7F
@@ -110,10 +112,11 @@ class WireBatch:
 
     message: experience_pb2.ExperienceBatch
     members: list[bytes]
+    size: int  # bytes received
 
     @classmethod
     def parse(cls, data: bytes) -> WireBatch:
-        return cls(experience_pb2.ExperienceBatch.FromString(data), field_slices(data, 1))
+        return cls(experience_pb2.ExperienceBatch.FromString(data), field_slices(data, 1), len(data))
 
 
 def encode_batch_response(
@@ -174,30 +177,28 @@ def group_records(
     An experience with an empty group_id is a group of its own. `wire`, when given, holds each
     experience's received bytes, stored as they are instead of serializing the message again.
     """
-    members: dict[str, list[int]] = {}
+    # group key -> (group_id, payload parts, versions, uids); one pass over the batch
+    groups: dict[str, tuple[str, list[bytes], dict[int, int], list[str]]] = {}
     singles = 0
     for i, exp in enumerate(experiences):
-        gid = exp.eid.group_id
+        eid = exp.eid
+        gid = key = eid.group_id
         if not gid:
-            gid = f"\x00single{singles}"
+            key = f"\x00single{singles}"
             singles += 1
-        members.setdefault(gid, []).append(i)
-    records = []
-    for indices in members.values():
-        versions: dict[int, int] = {}
-        for i in indices:
-            version = experiences[i].model_version
-            versions[version] = versions.get(version, 0) + 1
-        source = wire if wire is not None else experiences
-        records.append(
-            GroupRecord(
-                group_id=experiences[indices[0]].eid.group_id,
-                n=len(indices),
-                payload=b"".join(encode_member(source[i]) for i in indices),
-                versions=versions,
-                uids=tuple(experience_uid(experiences[i].eid) for i in indices),
-            )
-        )
+        entry = groups.get(key)
+        if entry is None:
+            entry = groups[key] = (gid, [], {}, [])
+        data = wire[i] if wire is not None else exp.SerializeToString()
+        entry[1].extend((EXPERIENCE_TAG, _varint(len(data)), data))
+        versions = entry[2]
+        version = exp.model_version
+        versions[version] = versions.get(version, 0) + 1
+        entry[3].append(experience_uid(eid))
+    records = [
+        GroupRecord(group_id=gid, n=len(uids), payload=b"".join(parts), versions=versions, uids=tuple(uids))
+        for gid, parts, versions, uids in groups.values()
+    ]
     return records
 
 

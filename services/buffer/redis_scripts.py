@@ -2,7 +2,11 @@
 point leaves every group in exactly one state: unread, leased, queued for redelivery, or acked.
 
 Layout (P = stream prefix, G = consumer group):
-  P:stream          the stream; one entry per group: g=group_id n=count v=min version vc="v:c,.." d=payload
+  P:stream          the stream; one entry per group: g=group_id n=count v=min version vc="v:c,.."
+  P:data            hash: stream entry id -> payload (the group's GetBatchResponse bytes). Kept out of the
+                    stream so that LEASE's peek and XREADGROUP move a few small fields, not payloads
+                    (each payload a script reads is copied into Lua); only the leased ones are read, by
+                    one HMGET. An entry an older version wrote with its payload in a `d` field is read there
   P:meta            hash: size (live experiences), accepted, rejected
   P:versions        hash: model_version -> live experiences
   P:producers       hash: producer_id -> last stored sequence (idempotent puts)
@@ -13,18 +17,19 @@ Layout (P = stream prefix, G = consumer group):
   P:g:G:requeue     list: "id n vc" of groups to redeliver (nacked, expired, or orphaned)
   P:g:G:stats       hash: acked, dropped_stale, redelivered, pending_n
   P:g:G:acked:L     string with expiry: lease L was acked (n), so a retried Ack is answered again
-Entries stay in the stream until every consumer group has acked or dropped them (then XDEL), so the
+Entries stay in the stream until every consumer group has acked or dropped them (then XDEL and HDEL), so the
 approximate MAXLEN = capacity on XADD never trims a live entry: live entries <= live experiences <=
 capacity.
 """
 
 from __future__ import annotations
 
-# KEYS of group scripts: stream, meta, versions, leases, deadlines, requeue, gstats, epochs.
+# KEYS of group scripts: stream, meta, versions, leases, deadlines, requeue, gstats, epochs, data.
 # ARGV[1] = group.
 COMMON = r"""
 local stream, meta, versions = KEYS[1], KEYS[2], KEYS[3]
 local leases, deadlines, requeue, gstats, epochs = KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local data = KEYS[9]
 local group = ARGV[1]
 
 local function now_ms()
@@ -94,6 +99,7 @@ end
 
 -- `group` has XACKed these items; delete each once no other consumer group still needs it.
 local function finish(items, ginfo)
+  local done, size, by_version = {}, 0, {}
   for _, it in ipairs(items) do
     local needed = false
     for _, g in ipairs(ginfo) do
@@ -105,12 +111,17 @@ local function finish(items, ginfo)
       end
     end
     if not needed then
-      redis.call('XDEL', stream, it[1])
-      redis.call('HINCRBY', meta, 'size', -it[2])
-      for v, c in string.gmatch(it[3], '(-?%d+):(%d+)') do
-        if redis.call('HINCRBY', versions, v, -tonumber(c)) <= 0 then redis.call('HDEL', versions, v) end
-      end
+      done[#done + 1] = it[1]
+      size = size + it[2]
+      for v, c in string.gmatch(it[3], '(-?%d+):(%d+)') do by_version[v] = (by_version[v] or 0) + tonumber(c) end
     end
+  end
+  if #done == 0 then return end
+  redis.call('XDEL', stream, unpack(done))
+  redis.call('HDEL', data, unpack(done))
+  redis.call('HINCRBY', meta, 'size', -size)
+  for v, c in pairs(by_version) do
+    if redis.call('HINCRBY', versions, v, -c) <= 0 then redis.call('HDEL', versions, v) end
   end
 end
 
@@ -123,10 +134,11 @@ local function ack_items(items)
 end
 """
 
-# KEYS: stream, meta, versions, producers, accepted. ARGV: capacity, total, producer, sequence, then
+# KEYS: stream, meta, versions, producers, accepted, data. ARGV: capacity, total, producer, sequence, then
 # (group_id, n, min_version, versions_text, payload, uids joined by newlines) per group.
 PUT = r"""
 local stream, meta, versions, producers, accepted = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local data = KEYS[6]
 local cap, total = tonumber(ARGV[1]), tonumber(ARGV[2])
 local producer, seq = ARGV[3], tonumber(ARGV[4])
 if producer ~= '' and seq > 0 then
@@ -136,8 +148,9 @@ end
 local size = tonumber(redis.call('HGET', meta, 'size') or '0')
 if size + total > cap then return {-1, size} end
 for i = 5, #ARGV, 6 do
-  redis.call('XADD', stream, 'MAXLEN', '~', cap, '*',
-    'g', ARGV[i], 'n', ARGV[i + 1], 'v', ARGV[i + 2], 'vc', ARGV[i + 3], 'd', ARGV[i + 4])
+  local id = redis.call('XADD', stream, 'MAXLEN', '~', cap, '*',
+    'g', ARGV[i], 'n', ARGV[i + 1], 'v', ARGV[i + 2], 'vc', ARGV[i + 3])
+  redis.call('HSET', data, id, ARGV[i + 4])
   for v, c in string.gmatch(ARGV[i + 3], '(-?%d+):(%d+)') do redis.call('HINCRBY', versions, v, c) end
   local uids = {}
   for uid in string.gmatch(ARGV[i + 5], '[^\n]+') do uids[#uids + 1] = uid end
@@ -183,7 +196,7 @@ if not full then
   for _, g in ipairs(ginfo) do if g.name == group then last = g.last end end
   local cursor, guess = '(' .. last, 2
   while not full do
-    -- Peek only about as many entries as the batch still needs (payloads are copied).
+    -- Peek only about as many entries as the batch still needs.
     local entries = redis.call('XRANGE', stream, cursor, '+', 'COUNT', math.min(64, math.max(2, guess)))
     if #entries == 0 then break end
     for _, e in ipairs(entries) do
@@ -202,14 +215,12 @@ if not full then
 end
 if total < size and not allow_partial then return {0, total, 0} end
 if rq_scanned > 0 then redis.call('LTRIM', requeue, rq_scanned, -1) end
-local payloads, items, redelivered = {}, {}, 0
+local items, redelivered = {}, 0
 if #take_rq > 0 then
   local ids = {}
   for i, it in ipairs(take_rq) do ids[i] = it[1] end
-  local by_id = {}
-  for _, e in ipairs(redis.call('XCLAIM', stream, group, consumer, 0, unpack(ids))) do by_id[e[1]] = e[2][10] end
+  redis.call('XCLAIM', stream, group, consumer, 0, unpack(ids))
   for _, it in ipairs(take_rq) do
-    payloads[#payloads + 1] = by_id[it[1]]
     items[#items + 1] = it
     redelivered = redelivered + it[2]
   end
@@ -222,7 +233,6 @@ if new_count > 0 then
     if tonumber(f[6]) < minv then
       stale[#stale + 1] = it
     else
-      payloads[#payloads + 1] = f[10]
       items[#items + 1] = it
     end
   end
@@ -243,7 +253,17 @@ if deadline > 0 then redis.call('ZADD', deadlines, deadline, lease_id) end
 redis.call('HINCRBY', gstats, 'pending_n', total)
 if redelivered > 0 then redis.call('HINCRBY', gstats, 'redelivered', redelivered) end
 local out = {1, deadline, total, dropped, redelivered}
-for _, p in ipairs(payloads) do out[#out + 1] = p end
+local ids = {}
+for i, it in ipairs(items) do ids[i] = it[1] end
+local found = redis.call('HMGET', data, unpack(ids))
+for i = 1, #ids do
+  local payload = found[i]
+  if not payload then  -- written by an older version, with the payload in the entry's `d` field
+    local e = redis.call('XRANGE', stream, ids[i], ids[i])
+    payload = e[1] and e[1][2][10] or ''
+  end
+  out[#out + 1] = payload
+end
 return out
 """
 )
@@ -257,7 +277,7 @@ SETTLE = (
     + r"""
 local lease_id, mode = ARGV[2], ARGV[3]
 local epoch, consumer = tonumber(ARGV[5]), ARGV[6]
-local acked_key = KEYS[9]
+local acked_key = KEYS[10]
 local now = now_ms()
 if consumer ~= '' and check_epoch(consumer, epoch) == -3 then return {-3} end
 local rec = redis.call('HGET', leases, lease_id)

@@ -1,5 +1,6 @@
-"""Redis Streams store (production): one stream entry per group, a consumer group per trainer group,
-leases and redelivery kept in Redis by atomic Lua scripts (see `redis_scripts`).
+"""Redis Streams store (production): one stream entry per group (its payload in a hash beside the stream),
+a consumer group per trainer group, leases and redelivery kept in Redis by atomic Lua scripts (see
+`redis_scripts` for the layout).
 
 State lives entirely in Redis, so a restarted buffer service picks up where the old one stopped: leases
 still within their deadline can be acked, expired ones are redelivered, and `start()` runs a recovery
@@ -65,7 +66,7 @@ class RedisStore:
     def _group_keys(self, group: str) -> list[str]:
         base = [self._key("stream"), self._key("meta"), self._key("versions")]
         parts = ("leases", "deadlines", "requeue", "stats", "epochs")
-        return base + [self._key(f"g:{group}:{part}") for part in parts]
+        return base + [self._key(f"g:{group}:{part}") for part in parts] + [self._key("data")]
 
     async def _run(self, script: str, keys: list[str], args: list[object]) -> object:
         handle = self._scripts.get(script)
@@ -111,7 +112,7 @@ class RedisStore:
         args: list[object] = [self.capacity, total, producer, sequence]
         for g in groups:
             args += [g.group_id, g.n, g.min_version, g.versions_text, g.payload, "\n".join(g.uids)]
-        keys = [self._key(k) for k in ("stream", "meta", "versions", "producers", "accepted")]
+        keys = [self._key(k) for k in ("stream", "meta", "versions", "producers", "accepted", "data")]
         status, size = await self._run("PUT", keys, args)  # type: ignore[misc]
         if status == -1:
             raise BufferFull(

@@ -11,12 +11,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from prometheus_client import REGISTRY
 
 from services.buffer import memory_store, redis_store  # noqa: F401 - register the stores
-from services.buffer.core import BufferCore, CoreSettings
+from services.buffer.core import BufferCore
 from services.buffer.metrics import BufferCollector
 from services.buffer.replay_store import ReplayStore
 from services.buffer.servicer import registration
+from services.buffer.settings import BufferSettings
 from services.buffer.store import STORES
-from services.buffer.validation import Limits
 from services.common.config import RFTConfig
 from services.common.log import get_logger
 from services.common.model_folder import ModelLoadError, read_vocab_size
@@ -57,17 +57,7 @@ def build_core(config: RFTConfig) -> BufferCore:
         )
     else:
         store = STORES.get(endpoint.store)(endpoint, buffer)
-    settings = CoreSettings(
-        on_full=endpoint.on_full,
-        lease_ms=endpoint.lease_ms,
-        max_read_timeout_s=buffer.max_read_timeout,
-        limits=Limits(
-            max_batch_experiences=endpoint.max_batch_experiences,
-            max_batch_bytes=endpoint.max_batch_bytes,
-            vocab_size=model_vocab_size(config.model.model_path),
-        ),
-        consumer_groups=tuple(endpoint.consumer_groups),
-    )
+    settings = BufferSettings.from_config(config, vocab_size=model_vocab_size(config.model.model_path))
     return BufferCore(store, settings)
 
 

@@ -65,7 +65,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         async for batch in request_iterator:
             outcome = await _guard(
                 context,
-                lambda b=batch: self.core.put(b.message, wire=b.members),
+                lambda b=batch: self.core.put(b.message, wire=b.members, wire_bytes=b.size),
                 prefix=f"batches[{batches}].",
             )
             accepted += outcome.stored
@@ -73,7 +73,10 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         return buffer_pb2.PutResponse(accepted=accepted, batches=batches)
 
     async def Put(self, request: WireBatch, context: grpc.aio.ServicerContext) -> buffer_pb2.PutResponse:
-        outcome = await _guard(context, lambda: self.core.put(request.message, wire=request.members))
+        outcome = await _guard(
+            context,
+            lambda: self.core.put(request.message, wire=request.members, wire_bytes=request.size),
+        )
         return buffer_pb2.PutResponse(accepted=outcome.stored, batches=1)
 
     async def PutSequenced(

@@ -10,8 +10,12 @@ Checks, per experience i (R = response length = len(tokens) - prompt_length):
 - `reward`, `reward_baseline` and every float array finite; `model_version` and `use_count` >= 0;
 and per batch: at most `max_batch_experiences` experiences and `max_batch_bytes` serialized bytes.
 
-It works on the proto directly (no tensors): a float array is finite iff its sum in double precision is
-(float32 values cannot overflow a double sum), so the common case costs one C-level `sum`.
+No tensors are built. A well-formed batch, the common case, passes on a fast path: from the bytes as
+received (`wire_check.batch_ok`) when the servicer kept them, else one pass over the parsed message
+(`_batch_ok`) that checks lengths and scalars per experience and gathers the token and float arrays into
+two numpy arrays; either way the id range and finiteness are one reduction each for the whole batch.
+Only when the fast path declines does the per-experience check (`validate_experience`) run, in order, to
+name the first offending field and index.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 from rft.v1 import experience_pb2
 
+from services.buffer import wire_check
 from services.buffer.records import ValidationError
 
 RESPONSE_ARRAYS = (
@@ -105,18 +110,65 @@ def validate_experience(exp: experience_pb2.Experience, index: int, vocab_size: 
             )
 
 
-def validate_batch(batch: experience_pb2.ExperienceBatch, limits: Limits) -> None:
-    """Raise `ValidationError` for the first problem found; return quietly when the batch is good."""
+def _batch_ok(experiences: Sequence[experience_pb2.Experience], vocab_size: int) -> bool:
+    """True when every experience passes `validate_experience`; False when any may not (then the
+    per-experience check finds and names the first problem)."""
+    token_arrays, float_arrays = [], []
+    for exp in experiences:
+        tokens = exp.tokens
+        n_tokens = len(tokens)
+        prompt_length = exp.prompt_length
+        if not 0 <= prompt_length < n_tokens or exp.model_version < 0 or exp.use_count < 0:
+            return False
+        response = n_tokens - prompt_length
+        for name in RESPONSE_ARRAYS:
+            length = len(getattr(exp, name))
+            if length and length != response:
+                return False
+        for name in FLOAT_ARRAYS:
+            values = getattr(exp, name)
+            if values:
+                float_arrays.append(np.array(values, dtype=np.float64))
+        for scalar in ("reward", "reward_baseline"):
+            if exp.HasField(scalar) and not math.isfinite(getattr(exp, scalar)):
+                return False
+        token_arrays.append(np.array(tokens, dtype=np.int64))
+        rejected = exp.rejected_tokens
+        if rejected:
+            if not 0 <= exp.rejected_prompt_length < len(rejected):
+                return False
+            token_arrays.append(np.array(rejected, dtype=np.int64))
+    if token_arrays:
+        ids = np.concatenate(token_arrays)
+        if ids.min() < 0 or (vocab_size and ids.max() >= vocab_size):
+            return False
+    return not float_arrays or bool(np.isfinite(np.concatenate(float_arrays)).all())
+
+
+def validate_batch(
+    batch: experience_pb2.ExperienceBatch,
+    limits: Limits,
+    wire_bytes: int | None = None,
+    members: Sequence[bytes] | None = None,
+) -> None:
+    """Raise `ValidationError` for the first problem found; return quietly when the batch is good.
+
+    When the batch was received as bytes, `wire_bytes` is its size and `members` each experience's bytes
+    (see `WireBatch`): a good batch is then recognised from the bytes (`wire_check`)."""
     count = len(batch.experiences)
     if count > limits.max_batch_experiences:
         raise ValidationError(
             "experiences", f"{count} experiences > max_batch_experiences {limits.max_batch_experiences}"
         )
-    size = batch.ByteSize()
+    size = batch.ByteSize() if wire_bytes is None else wire_bytes
     if size > limits.max_batch_bytes:
         raise ValidationError("batch", f"{size} bytes > max_batch_bytes {limits.max_batch_bytes}")
     if batch.vocab_size < 0:
         raise ValidationError("vocab_size", f"{batch.vocab_size} < 0")
     vocab_size = effective_vocab_size(batch.vocab_size, limits.vocab_size)
+    if members is not None and wire_check.batch_ok(members, vocab_size):
+        return
+    if _batch_ok(batch.experiences, vocab_size):
+        return
     for i, exp in enumerate(batch.experiences):
         validate_experience(exp, i, vocab_size)

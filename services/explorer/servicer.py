@@ -69,7 +69,7 @@ class ExplorerServicer(explorer_pb2_grpc.ExplorerServiceServicer):
         return explorer_pb2.EvalResponse(step=self.core.step, metrics=metrics)
 
     async def Bench(self, request: explorer_pb2.BenchRequest, context: grpc.aio.ServicerContext):
-        found = find_checkpoints(self.core.resolved.job_dir, latest_only=request.latest_only)
+        found = find_checkpoints(self.core.settings.job_dir, latest_only=request.latest_only)
         out = await _guard(context, lambda: self.core.bench(found, include_base=not request.skip_base))
         return explorer_pb2.BenchResponse(
             results=[explorer_pb2.EvalResponse(step=step, metrics=m) for step, m in sorted(out.items())]

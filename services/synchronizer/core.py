@@ -46,18 +46,18 @@ from services.synchronizer.records import (
     Broadcast,
     Published,
     RunState,
-    Settings,
     SyncDecision,
     WaitResult,
 )
 from services.synchronizer.rendezvous import Assignment, Rendezvous
+from services.synchronizer.settings import SynchronizerSettings
 from services.synchronizer.weights import StoredWeights
 
 
 class SynchronizerCore:
     def __init__(
         self,
-        settings: Settings,
+        settings: SynchronizerSettings,
         clock: Callable[[], float] = time.monotonic,
         on_event: Callable[[Event], None] | None = None,
     ):

@@ -4,31 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.common.config.runtime import SynchronizerConfig
 from services.synchronizer.members import Member
-from services.synchronizer.plan import SyncPlan
-
-
-@dataclass(frozen=True)
-class Settings:
-    method: str = "nccl"
-    plan: SyncPlan = SyncPlan()
-    sync_timeout: float = 3600.0
-    heartbeat_timeout: float = 60.0
-    bucket_bytes: int = 64 << 20
-    chunk_bytes: int = 4 << 20
-    backend: str = "auto"
-
-    @classmethod
-    def from_config(cls, s: SynchronizerConfig) -> Settings:
-        return cls(
-            method=s.sync_method,
-            plan=SyncPlan(s.sync_style, s.sync_interval, s.sync_offset),
-            sync_timeout=s.sync_timeout,
-            heartbeat_timeout=s.heartbeat_timeout,
-            bucket_bytes=s.bucket_bytes,
-            chunk_bytes=s.chunk_bytes,
-        )
+from services.synchronizer.settings import SynchronizerSettings
 
 
 @dataclass(frozen=True)
@@ -72,7 +49,7 @@ class RunState:
     published: Published
     trainer_step: int
     explorer_step: int
-    settings: Settings
+    settings: SynchronizerSettings
     sync_in_progress: bool
     finished: bool
     generation: int

@@ -16,8 +16,8 @@ from services.common.config import RFTConfig, resolve
 from services.common.rpc.server import Registration
 from services.synchronizer.core import SynchronizerCore
 from services.synchronizer.members import Event
-from services.synchronizer.records import Settings
 from services.synchronizer.servicer import registration
+from services.synchronizer.settings import SynchronizerSettings
 
 
 class EventLog:
@@ -37,7 +37,7 @@ class EventLog:
 
 
 def build_core(config: RFTConfig, on_event: Callable[[Event], None] | None = None) -> SynchronizerCore:
-    return SynchronizerCore(Settings.from_config(config.synchronizer), on_event=on_event)
+    return SynchronizerCore(SynchronizerSettings.from_config(config), on_event=on_event)
 
 
 async def build(config: RFTConfig) -> tuple[Sequence[Registration], Callable[[], Awaitable[None]] | None]:

@@ -15,9 +15,10 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from rft.v1 import buffer_pb2, buffer_pb2_grpc
 
-from services.buffer.core import BufferCore, CoreSettings
+from services.buffer.core import BufferCore
 from services.buffer.metrics import BufferCollector
 from services.buffer.servicer import registration
+from services.buffer.settings import BufferSettings
 from services.buffer.validation import Limits
 from services.common.buffer_client import BufferClient
 from services.common.rpc import create_channel, start_server
@@ -27,7 +28,7 @@ from tests.support.buffer_data import batch, group
 @pytest.fixture
 async def served(store_factory):
     store = await store_factory(capacity=40, consumer_groups=("default",))
-    core = BufferCore(store, CoreSettings(limits=Limits(max_batch_experiences=16, max_batch_bytes=20_000)))
+    core = BufferCore(store, BufferSettings(limits=Limits(max_batch_experiences=16, max_batch_bytes=20_000)))
     handle = await start_server([registration(core)])
     channel = create_channel(handle.address, timeout_s=10)
     core.channel = channel  # for tests that build a BufferClient on the same channel

@@ -9,8 +9,9 @@ from __future__ import annotations
 import grpc
 from rft.v1 import buffer_pb2
 
-from services.buffer.core import BufferCore, CoreSettings
+from services.buffer.core import BufferCore
 from services.buffer.servicer import SERVICE_NAME, BufferServicer, add_to_server
+from services.buffer.settings import BufferSettings
 from services.common.buffer_client import BufferClient
 from services.common.lineage import experience_uid
 from services.common.rpc import create_channel, start_server
@@ -34,7 +35,7 @@ class LosesFirstReply(BufferServicer):
 
 async def test_a_lost_lease_reply_comes_back_to_the_consumer_and_no_second_lease_hides_it(store_factory):
     store = await store_factory(consumer_groups=("default",))
-    servicer = LosesFirstReply(BufferCore(store, CoreSettings()))
+    servicer = LosesFirstReply(BufferCore(store, BufferSettings()))
     handle = await start_server([(add_to_server, servicer, SERVICE_NAME)])
     channel = create_channel(handle.address, timeout_s=10)
     try:

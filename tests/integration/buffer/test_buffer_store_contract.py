@@ -9,8 +9,9 @@ import time
 
 import pytest
 
-from services.buffer.core import BufferCore, CoreSettings
+from services.buffer.core import BufferCore
 from services.buffer.records import BufferFull, LeaseError, LeaseRequest
+from services.buffer.settings import BufferSettings
 from tests.support.buffer_data import decode_uids, group, records
 
 
@@ -51,7 +52,7 @@ async def test_group_larger_than_size_goes_alone(store):
 
 
 async def test_core_waits_then_returns_partial(store):
-    core = BufferCore(store, CoreSettings(poll_interval_s=0.01, consumer_groups=("g",)))
+    core = BufferCore(store, BufferSettings(poll_interval_s=0.01, consumer_groups=("g",)))
     await store.put(records(group("a", 3)))
     started = time.monotonic()
     batch = await core.get_batch(size=8, timeout_ms=150, consumer_group="g")
@@ -60,7 +61,7 @@ async def test_core_waits_then_returns_partial(store):
 
 
 async def test_core_wakes_when_a_producer_completes_the_batch(store):
-    core = BufferCore(store, CoreSettings(poll_interval_s=0.01, consumer_groups=("g",)))
+    core = BufferCore(store, BufferSettings(poll_interval_s=0.01, consumer_groups=("g",)))
     await core.put(_batch(group("a", 4)))
     waiter = asyncio.ensure_future(core.get_batch(size=8, timeout_ms=10_000, consumer_group="g"))
     await asyncio.wait_for(_until(lambda: _waiting(store)), 5)
@@ -133,7 +134,7 @@ async def test_capacity_refuses_whole_batch(store_factory):
 
 async def test_core_on_full_wait_blocks_until_ack(store_factory):
     store = await store_factory(capacity=4)
-    core = BufferCore(store, CoreSettings(on_full="wait", poll_interval_s=0.01, consumer_groups=("g",)))
+    core = BufferCore(store, BufferSettings(on_full="wait", poll_interval_s=0.01, consumer_groups=("g",)))
     await core.put(_batch(group("a", 4)))
     put = asyncio.ensure_future(core.put(_batch(group("b", 2))))
     batch = await core.get_batch(size=4, consumer_group="g")
@@ -145,7 +146,7 @@ async def test_core_on_full_wait_blocks_until_ack(store_factory):
 
 async def test_core_on_full_reject(store_factory):
     store = await store_factory(capacity=4)
-    core = BufferCore(store, CoreSettings(on_full="reject"))
+    core = BufferCore(store, BufferSettings(on_full="reject"))
     await core.put(_batch(group("a", 4)))
     with pytest.raises(BufferFull):
         await core.put(_batch(group("b", 1)))
@@ -175,7 +176,7 @@ async def test_each_consumer_group_sees_every_group_once(store_factory):
 
 
 async def test_concurrent_producers_and_consumers_no_loss_no_duplicates(store):
-    core = BufferCore(store, CoreSettings(poll_interval_s=0.01, consumer_groups=("g",)))
+    core = BufferCore(store, BufferSettings(poll_interval_s=0.01, consumer_groups=("g",)))
     producers, groups_each, group_size = 4, 500, 5  # 10,000 experiences
     total = producers * groups_each * group_size
     delivered: list[str] = []

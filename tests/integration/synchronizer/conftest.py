@@ -9,8 +9,8 @@ from services.common.rpc import create_channel, start_server
 from services.common.sync_client import SyncClient
 from services.synchronizer.core import SynchronizerCore
 from services.synchronizer.plan import SyncPlan
-from services.synchronizer.records import Settings
 from services.synchronizer.servicer import registration
+from services.synchronizer.settings import SynchronizerSettings
 
 
 @pytest.fixture
@@ -19,7 +19,9 @@ async def sync_server():
     started = []
 
     async def start(method="memory", style="fixed", interval=1, offset=0, **kw):
-        core = SynchronizerCore(Settings(method=method, plan=SyncPlan(style, interval, offset), **kw))
+        core = SynchronizerCore(
+            SynchronizerSettings(method=method, plan=SyncPlan(style, interval, offset), **kw)
+        )
         await core.start()
         handle = await start_server([registration(core)], port=0)
         started.append((core, handle))

@@ -13,6 +13,7 @@ from services.common.experience import Experience
 from services.explorer.core import ExplorerCore
 from services.explorer.group_filter import fill_step, group_has_signal, sample_metric
 from services.explorer.runner import TaskResult
+from services.explorer.settings import ExplorerSettings
 from services.explorer.sink import MemorySink
 from services.explorer.tasks import Task
 from services.explorer.workflows import WORKFLOWS
@@ -109,7 +110,12 @@ buffer:
 explorer: {{eval_on_startup: false}}
 """
     )
-    core = ExplorerCore(config, engines=[ScriptedEngine(["7"])], sink=MemorySink(), explorer_id="ex")
+    core = ExplorerCore(
+        ExplorerSettings.from_config(config),
+        engines=[ScriptedEngine(["7"])],
+        sink=MemorySink(),
+        explorer_id="ex",
+    )
     await core.start()
     results = await core.explore()
     put = [e.eid.task_id for e in core.sink.experiences]
