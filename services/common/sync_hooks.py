@@ -19,7 +19,8 @@ the next step trains while they are sent; at most one sync is in flight (the nex
 
 Explorer (`services.explorer.sync.SyncGate`: `before_step(step, model_version)`, `notify_version`):
     method = sync_method(name)
-    gate = ExplorerSyncGate(client, method.fetch(client, core.load_weights, receiver), method=method)
+    fetch = method.fetch(client, Receiver(core.load_weights, weight_receiver, model_path))
+    gate = ExplorerSyncGate(client, fetch, method=method)
 `before_step(s)` waits (`wait_for_version(step=s)`) until the plan lets step s run; when the method
 wants the answer's version (`SyncMethod.wants`: a newer version exists, or a broadcast is about to
 start; without `method=` the answer's `sync_method` names it), it fetches and loads it, reports the outcome

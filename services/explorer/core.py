@@ -27,7 +27,6 @@ from typing import Any
 
 import torch
 
-from services.common.config import RFTConfig, resolve
 from services.common.experience import Experience, ExperienceId
 from services.common.log import get_logger
 from services.common.monitor import Monitor
@@ -38,6 +37,7 @@ from services.explorer.metrics import eval_metrics, rollout_metrics
 from services.explorer.model_wrapper import ModelWrapper
 from services.explorer.runner import TaskResult, WorkflowRunner
 from services.explorer.scheduler import TaskScheduler, all_tasks, open_tasksets
+from services.explorer.settings import ExplorerSettings
 from services.explorer.sink import ExperienceSink
 from services.explorer.sync import NeverWait, SyncGate
 from services.explorer.tasks import Task
@@ -57,10 +57,10 @@ class StepResult:
     metrics: dict[str, float]
 
 
-def tasks_per_step(config: RFTConfig, shard: tuple[int, int]) -> int:
+def tasks_per_step(settings: ExplorerSettings, shard: tuple[int, int]) -> int:
     """Tasks per explore step: `buffer.batch_size`, or this explorer's share of it (`split_batch`)."""
-    size, parts = config.buffer.batch_size, shard[1]
-    if not config.explorer.split_batch or parts == 1:
+    size, parts = settings.batch_size, shard[1]
+    if not settings.split_batch or parts == 1:
         return size
     if size % parts:
         raise ValueError(
@@ -73,7 +73,7 @@ def tasks_per_step(config: RFTConfig, shard: tuple[int, int]) -> int:
 class ExplorerCore:
     def __init__(
         self,
-        config: RFTConfig,
+        settings: ExplorerSettings,
         *,
         engines: Sequence[RolloutEngine],
         sink: ExperienceSink,
@@ -85,8 +85,7 @@ class ExplorerCore:
     ):
         if not engines:
             raise ValueError("the explorer needs at least one rollout engine")
-        self.config = config
-        self.resolved = resolve(config)
+        self.settings = settings
         self.engines = list(engines)
         self.sink = sink
         self.explorer_id = explorer_id
@@ -94,7 +93,7 @@ class ExplorerCore:
         self.gate = gate or NeverWait()
         self.monitor = monitor
         self.shard = shard
-        self.tasks_per_step = tasks_per_step(config, shard)
+        self.tasks_per_step = tasks_per_step(settings, shard)
         self.step = 0
         self.incarnation = 0  # starts of this explorer id in this job (batch ids carry it)
         self.status = "STARTING"
@@ -106,20 +105,20 @@ class ExplorerCore:
         self._scheduler: TaskScheduler | None = None
         self._eval_sets: list[Any] = []
         self._next_engine = 0
-        self._slots = asyncio.Semaphore(config.explorer.runner_per_model * len(self.engines))
+        self._slots = asyncio.Semaphore(settings.runner_per_model * len(self.engines))
         self._step_lock = asyncio.Lock()
         self._stopping = False
         self._evaluated = False
-        self._chat_template = self.resolved.chat_template
+        self._chat_template = settings.chat_template
 
     # ------------------------------------------------------------------ lifecycle
     @property
     def state_file(self) -> Path:
-        return self.resolved.job_dir / "explorer" / f"{self.explorer_id}.json"
+        return self.settings.job_dir / "explorer" / f"{self.explorer_id}.json"
 
     @property
     def journal_file(self) -> Path:
-        return self.resolved.job_dir / "explorer" / f"{self.explorer_id}.positions.jsonl"
+        return self.settings.job_dir / "explorer" / f"{self.explorer_id}.positions.jsonl"
 
     @property
     def model_version(self) -> int:
@@ -128,17 +127,18 @@ class ExplorerCore:
     async def start(self) -> None:
         """Open the tasksets (and restore the saved position when resuming)."""
         need = requires_ground_truth
-        train = self.resolved.tasksets
+        s = self.settings
+        train = list(s.tasksets)
         self._scheduler = TaskScheduler(
             await asyncio.to_thread(
-                open_tasksets, self.resolved, train, is_eval=False, needs_response=need, shard=self.shard
+                open_tasksets, s.resolved, train, is_eval=False, needs_response=need, shard=self.shard
             )
         )
-        evals = self.config.buffer.explorer_input.eval_tasksets
+        evals = list(s.eval_tasksets)
         self._eval_sets = await asyncio.to_thread(
-            open_tasksets, self.resolved, evals, is_eval=True, needs_response=need
+            open_tasksets, s.resolved, evals, is_eval=True, needs_response=need
         )
-        resumed = self.config.continue_from_checkpoint and self.state_file.is_file()
+        resumed = s.continue_from_checkpoint and self.state_file.is_file()
         if resumed:
             state = json.loads(self.state_file.read_text())
             self.step = int(state["step"])
@@ -192,7 +192,7 @@ class ExplorerCore:
         os.replace(tmp, self.state_file)
 
     def _done(self) -> bool:
-        total = self.config.buffer.total_steps
+        total = self.settings.total_steps
         ended = total is not None and self.step >= total and not self.until_run_ends
         return self._stopping or self.exhausted or ended
 
@@ -207,11 +207,11 @@ class ExplorerCore:
         return ModelWrapper(
             engine,
             loop=asyncio.get_running_loop(),
-            max_prompt_tokens=self.resolved.max_prompt_tokens,
-            enable_prompt_truncation=self.config.model.enable_prompt_truncation,
+            max_prompt_tokens=self.settings.max_prompt_tokens,
+            enable_prompt_truncation=self.settings.enable_prompt_truncation,
             chat_template=self._chat_template,
-            enable_thinking=self.resolved.enable_thinking,
-            tool_call_parser=self.config.explorer.rollout_model.tool_call_parser,
+            enable_thinking=self.settings.enable_thinking,
+            tool_call_parser=self.settings.tool_call_parser,
         )
 
     async def _run_task(self, task: Task) -> TaskResult:
@@ -226,8 +226,8 @@ class ExplorerCore:
             runner = WorkflowRunner(
                 model,
                 auxiliary_models=self.auxiliary_models,
-                timeout_s=self.config.explorer.max_timeout,
-                max_retry_times=self.config.explorer.max_retry_times,
+                timeout_s=self.settings.max_timeout,
+                max_retry_times=self.settings.max_retry_times,
             )
             return await runner.run(task)
 
@@ -278,9 +278,9 @@ class ExplorerCore:
             t1 = time.perf_counter()
             results = await asyncio.gather(*(self._run_task(t) for t in tasks))
             filter_metrics: dict[str, float] = {}
-            if self.config.algorithm.filter_groups.enable:  # DAPO dynamic sampling
+            if self.settings.filter_groups.enable:  # DAPO dynamic sampling
                 results, filter_metrics = await fill_step(
-                    results, len(tasks), self.config.algorithm.filter_groups, self._next_gen_batch
+                    results, len(tasks), self.settings.filter_groups, self._next_gen_batch
                 )
             t_run = time.perf_counter() - t1
             if results and not any(r.ok for r in results):
@@ -321,7 +321,7 @@ class ExplorerCore:
             self._log(metrics, step)
             if self._scheduler.exhausted:
                 self.exhausted = True
-        interval = self.config.explorer.eval_interval
+        interval = self.settings.eval_interval
         if self._eval_sets and interval and step % interval == 0:
             await self.eval()
         return StepResult(step=step, experiences=len(experiences), metrics=metrics)
@@ -334,12 +334,7 @@ class ExplorerCore:
 
     async def explore(self, steps: int = 0) -> list[StepResult]:
         """Run `steps` explore steps (0 or less: until done); evaluate on startup first if asked."""
-        if (
-            self.step == 0
-            and self.config.explorer.eval_on_startup
-            and self._eval_sets
-            and not self._evaluated
-        ):
+        if self.step == 0 and self.settings.eval_on_startup and self._eval_sets and not self._evaluated:
             await self.eval()
         out: list[StepResult] = []
         while steps <= 0 or len(out) < steps:
@@ -387,13 +382,19 @@ class ExplorerCore:
         return out
 
     # ------------------------------------------------------------------ weights and status
-    async def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Load the same weights into every engine (between batches) and record the new version."""
+    async def load_weights(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, strict: bool = True
+    ) -> None:
+        """Load the same weights into every engine (between batches) and record the new version.
+        `strict` False: the tensors are a subset of the model's (the rest stay as they are)."""
         named = list(named_tensors)
         self.status = "SYNCING"
         try:
             for engine in self.engines:
-                await engine.load_weights(named, version)
+                if strict:
+                    await engine.load_weights(named, version)
+                else:
+                    await engine.load_weights(named, version, strict=False)
         finally:
             self.status = "RUNNING" if not self._stopping else "STOPPED"
         self.gate.notify_version(version)
@@ -404,7 +405,7 @@ class ExplorerCore:
         as the first engine holds them (engines without a local model log none)."""
         digest = None
         model = getattr(self.engines[0], "model", None)
-        if self.config.synchronizer.weight_digest and model is not None:
+        if self.settings.weight_digest and model is not None:
             held = model.state_dict()
             digest = await asyncio.to_thread(weights_digest, [(n, held[n]) for n in names if n in held])
         log.info("weights loaded", version=version, tensors=len(names), digest=digest)

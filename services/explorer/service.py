@@ -45,13 +45,14 @@ from services.common.rpc import create_channel
 from services.common.rpc.server import Registration
 from services.common.sync_client import RunFinished, SyncClient, SyncWaitTimeout
 from services.common.sync_hooks import ExplorerSyncGate
-from services.common.weight_sync.method import sync_method
+from services.common.weight_sync.method import Receiver, sync_method
 from services.explorer.auxiliary import build_auxiliary_models
 from services.explorer.core import ExplorerCore, find_checkpoints
 from services.explorer.engines import build_engines
 from services.explorer.engines.placement import engine_devices
 from services.explorer.serve.service import build_endpoint, follow_run, serves_http
 from services.explorer.servicer import ExplorerServicer, registration
+from services.explorer.settings import ExplorerSettings
 from services.explorer.sink import BufferSink, ExperienceSink, MemorySink
 from services.explorer.weight_receiver import WeightReceiver
 
@@ -117,7 +118,7 @@ async def build_core(
         args=config.monitor.monitor_args,
     )
     core = ExplorerCore(
-        config,
+        ExplorerSettings.from_config(config),
         engines=engines,
         sink=sink,
         explorer_id=ident,
@@ -164,7 +165,9 @@ async def attach_synchronizer(
         config, core.explorer_id, "explorer", address=me.address or me.host, workers=workers
     )
     method = sync_method(config.synchronizer.sync_method)
-    fetch = method.fetch(client, core.load_weights, receiver)
+    rollout = config.explorer.rollout_model
+    model_path = str(rollout.model_path or config.model.model_path)  # the engines' base weights
+    fetch = method.fetch(client, Receiver(core.load_weights, receiver, model_path))
     if config.mode == "both":
         trainer_step = await _trainer_step(client, config.synchronizer.sync_timeout)
         core.rewind_to(trainer_step)
@@ -202,8 +205,8 @@ async def _trainer_step(client: SyncClient, timeout_s: float) -> int:
 async def _auto_run(core: ExplorerCore, client: SyncClient | None) -> None:
     code = 0
     try:
-        if core.config.mode == "bench":
-            found = find_checkpoints(core.resolved.job_dir, core.config.explorer.bench_on_latest_checkpoint)
+        if core.settings.mode == "bench":
+            found = find_checkpoints(core.settings.job_dir, core.settings.bench_on_latest_checkpoint)
             await core.bench(found)
         else:
             await core.explore()

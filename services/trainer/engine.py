@@ -48,8 +48,9 @@ class TrainEngine(Protocol):
     def load_checkpoint(self, folder: str) -> dict[str, Any]:
         """Restore weights, optimizer, scheduler and RNG; returns the saved trainer state."""
 
-    def iter_state_dict(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """(HF name, full CPU tensor) pairs of the policy, for weight sync (rank 0)."""
+    def iter_state_dict(self, kind: str = "full") -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF name, full CPU tensor) pairs of the policy, for weight sync (rank 0); `kind` "adapter":
+        only a LoRA policy's adapter (`lora.adapter_state_dict`)."""
 
     def close(self) -> None:
         """Release the worker ranks."""
@@ -103,8 +104,13 @@ class FSDPEngine:
     def load_checkpoint(self, folder: str) -> dict[str, Any]:
         return self.channel.run("load_checkpoint", folder)
 
-    def iter_state_dict(self) -> Iterator[tuple[str, torch.Tensor]]:
-        yield from self.channel.run("gather_state_dict").items()
+    def iter_state_dict(self, kind: str = "full") -> Iterator[tuple[str, torch.Tensor]]:
+        if kind == "adapter" and self.worker.settings.lora is None:  # checked before any collective
+            raise ValueError(
+                "synchronizer.sync_method sends only a LoRA adapter, but model.lora_configs is empty; "
+                "set lora_configs or use a method that sends the whole model (e.g. memory)"
+            )
+        yield from self.channel.run("gather_state_dict", kind).items()
 
     def serve_workers(self) -> None:
         """Ranks > 0: execute rank 0's commands until it closes the engine."""

@@ -10,7 +10,8 @@ with B = 0 at the start, so the adapted model begins as the base model.  Only A 
 adapters disabled (`reference_mode`), as veRL does with LoRA, so no second model is loaded.
 
 The explorer is sent merged weights under the base model's names, W' = W + scaling * B A
-(`merged_state_dict`), so it needs no LoRA support; the HF export writes the same merged model and
+(`merged_state_dict`), so it needs no LoRA support; with `sync_method: lora_adapter` only the adapter
+is sent (`adapter_state_dict`) and each explorer merges it into its base weights; the HF export writes the same merged model and
 the adapter itself in peft's folder layout (`save_adapter`: `adapter_config.json` and
 `adapter_model.safetensors`, loadable with `PeftModel.from_pretrained`).
 """
@@ -32,6 +33,7 @@ if TYPE_CHECKING:  # peft is imported where LoRA is used: importing it costs sec
 
 __all__ = [
     "LoraSettings",
+    "adapter_state_dict",
     "apply_lora",
     "is_lora",
     "merged_state_dict",
@@ -136,6 +138,25 @@ def merged_state_dict(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[
             value = (value.float() + delta).to(value.dtype)
         name = f"{owner}.{leaf}" if layer is not None else key
         out[name.removeprefix(_PREFIX)] = value
+    return out
+
+
+def adapter_state_dict(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Only the adapter of `state` (the gathered full state dict), keyed by base weight name, for the
+    `lora_adapter` sync method: `W#lora_A`, `W#lora_B`, `W#lora_scaling` (float64, one element) and
+    `W#lora_T` for fan-in-fan-out layers; an explorer merges them as `merged_state_dict` does."""
+    assert is_lora(model)
+    adapter = model.active_adapter
+    out: dict[str, torch.Tensor] = {}
+    for owner, layer in _lora_layers(model):
+        if adapter not in layer.lora_A:
+            continue
+        name = f"{owner}.weight".removeprefix(_PREFIX)
+        out[name + "#lora_A"] = state[f"{owner}.lora_A.{adapter}.weight"]
+        out[name + "#lora_B"] = state[f"{owner}.lora_B.{adapter}.weight"]
+        out[name + "#lora_scaling"] = torch.tensor([layer.scaling[adapter]], dtype=torch.float64)
+        if getattr(layer, "fan_in_fan_out", False):
+            out[name + "#lora_T"] = torch.ones(1, dtype=torch.int8)
     return out
 
 

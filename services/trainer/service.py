@@ -171,7 +171,10 @@ def _logged(weight_sync: WeightSync):
 
     async def sync(snapshot=None):
         result = await weight_sync.sync(snapshot=snapshot)
-        log.info("weights sent", version=result.version, step=result.step, digest=result.digest or None)
+        log.info(
+            "weights sent", version=result.version, step=result.step, bytes=result.nbytes,
+            digest=result.digest or None,
+        )  # fmt: skip
         return result
 
     return sync

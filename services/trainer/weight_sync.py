@@ -96,11 +96,13 @@ class WeightSync:
         async with self.core._lock:
             return dict(await asyncio.to_thread(lambda: dict(self.core.engine.iter_state_dict())))
 
-    async def snapshot(self) -> Snapshot:
-        """The current weights with their version and step, gathered under the core's lock (a step
-        in flight finishes first), for a `sync` that runs while the next step trains."""
+    async def snapshot(self, method: str = "") -> Snapshot:
+        """The current weights (what `method` sends: the whole policy or a LoRA adapter) with their
+        version and step, gathered under the core's lock (a step in flight finishes first), for a
+        `sync` that may run while the next step trains."""
+        kind = sync_method(method or self.method).state_kind
         async with self.core._lock:
-            state = dict(await asyncio.to_thread(lambda: dict(self.core.engine.iter_state_dict())))
+            state = dict(await asyncio.to_thread(lambda: dict(self.core.engine.iter_state_dict(kind))))
             return Snapshot(state, self.core.model_version, self.core.global_step)
 
     async def specs(self) -> tuple[TensorSpec, ...]:
@@ -165,7 +167,10 @@ class WeightSync:
         except WeightSyncError as exc:
             raise PreconditionError(str(exc)) from exc
         start = time.perf_counter()
-        snap = snapshot or await self.snapshot()
+        try:
+            snap = snapshot or await self.snapshot(m.name)
+        except ValueError as exc:  # e.g. an adapter-only method on a policy without LoRA
+            raise PreconditionError(str(exc)) from exc
         state, version, step = snap.state, snap.version, snap.step
         try:
             delivery = await m.send(sender, version, step, state)

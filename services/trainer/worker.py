@@ -35,7 +35,7 @@ from services.trainer.collate import StepBatch, check_pairs
 from services.trainer.critic import Critic, load_value_model
 from services.trainer.distributed import DistInfo
 from services.trainer.fsdp import full_state_dict, shard_model, uses_fsdp
-from services.trainer.lora import apply_lora, merged_state_dict, save_adapter
+from services.trainer.lora import adapter_state_dict, apply_lora, merged_state_dict, save_adapter
 from services.trainer.optim import build_optimizer, build_scheduler
 from services.trainer.reward_stage import apply_reward_manager, make_reward_manager
 from services.trainer.settings import TrainerSettings
@@ -191,10 +191,13 @@ class FSDPWorker:
         (out / "rft_export.json").write_text(json.dumps({"source": "rft-mesh trainer"}))
 
     # ---- weights for sync -------------------------------------------------------------------------
-    def gather_state_dict(self, _: Any = None) -> dict[str, torch.Tensor]:
+    def gather_state_dict(self, kind: Any = None) -> dict[str, torch.Tensor]:
         """Full policy state dict on rank 0 (HF names), empty elsewhere; collective.  With LoRA the
-        adapter is merged into the base weights (the explorer loads them under the base names)."""
+        adapter is merged into the base weights (the explorer loads them under the base names), or,
+        `kind` "adapter", only the adapter is returned (`lora.adapter_state_dict`)."""
         state = full_state_dict(self.policy)
         if self.settings.lora is not None and state:
+            if kind == "adapter":
+                return adapter_state_dict(self.policy, state)
             return merged_state_dict(self.policy, state)
         return state

@@ -31,7 +31,14 @@ from services.common.weight_sync.errors import (
 from services.common.weight_sync.group import GroupInfo, free_port
 from services.common.weight_sync.loading import WeightLoadError, load_weights
 from services.common.weight_sync.memory import chunks_to_state_dict, state_dict_to_chunks
-from services.common.weight_sync.method import SYNC_METHODS, Sender, SyncMethod, known_methods, sync_method
+from services.common.weight_sync.method import (
+    SYNC_METHODS,
+    Receiver,
+    Sender,
+    SyncMethod,
+    known_methods,
+    sync_method,
+)
 from services.common.weight_sync.specs import (
     TensorSpec,
     specs_from_proto,
@@ -57,6 +64,7 @@ __all__ = [
     "GroupBrokenError",
     "GroupInfo",
     "MissingChunkError",
+    "Receiver",
     "SendStats",
     "Sender",
     "StaleGenerationError",

@@ -7,22 +7,24 @@ A method owns everything that differs between methods, in one place, for all thr
   only what they received, so a (re)joined one gets the published version re-broadcast); `pushed` -
   the trainer pushes the weights to the synchronizer, which keeps the latest version for explorers
   to pull (`PushWeights` / `PullWeights`).
-- **the trainer's send**: `check_sender(sender)` before the gather, `send(sender, version, step,
+- **the trainer's send**: `state_kind` - what it gathers (the full policy, or only a LoRA adapter);
+  `check_sender(sender)` before the gather, `send(sender, version, step,
   state) -> Delivery`, then `published(client, result, generation)` completes the publish with the
   synchronizer (or `failed(...)` after an error).
 - **the explorer's receive**: `wants(answer, held)` - does a `WaitForVersion` answer call for a fetch;
-  `fetch(client, load, receiver)` - the callable that fetches and loads one version.
+  `fetch(client, receiver)` - the callable that fetches and loads one version (`Receiver`: the load,
+  the broadcast group member, the model folder).
 
 Methods register in `SYNC_METHODS`; `sync_method(name)` returns the (stateless) instance. The
-built-ins are in `methods.py` (`nccl`, `memory`, `checkpoint`) and `bf16_wire.py` (`memory_bf16`);
-adding a method is one module plus its line in `BUILTIN_MODULES`. A plug-in method is a
+built-ins are in `methods.py` (`nccl`, `memory`, `checkpoint`), `bf16_wire.py` (`memory_bf16`) and
+`lora_adapter.py` (`lora_adapter`); adding a method is one module plus its line in `BUILTIN_MODULES`. A plug-in method is a
 `package.module:Class` path. No code outside this component compares method names.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -32,13 +34,17 @@ from rft.v1 import common_pb2, synchronizer_pb2
 from services.common.registry import Registry
 from services.common.weight_sync.transport import Delivery, TransportOptions, WeightTransport
 
-__all__ = ["BUILTIN_MODULES", "SYNC_METHODS", "Published", "Sender", "SyncMethod", "sync_method"]
+__all__ = ["BUILTIN_MODULES", "SYNC_METHODS", "Published", "Receiver", "Sender", "SyncMethod", "sync_method"]
 
-Load = Callable[[Iterable[tuple[str, torch.Tensor]], int], Awaitable[Any]]
+Load = Callable[..., Awaitable[Any]]  # load(named_tensors, version, strict=True): into the engines
 WaitAnswer = synchronizer_pb2.WaitForVersionResponse
 Fetch = Callable[[WaitAnswer], Awaitable[int]]
 PushFn = Callable[[Sequence[common_pb2.WeightChunk]], Awaitable[Any]]
-BUILTIN_MODULES = ("services.common.weight_sync.methods", "services.common.weight_sync.bf16_wire")
+BUILTIN_MODULES = (
+    "services.common.weight_sync.methods",
+    "services.common.weight_sync.bf16_wire",
+    "services.common.weight_sync.lora_adapter",
+)
 
 
 class Published(Protocol):
@@ -57,12 +63,24 @@ class Sender:
     push: PushFn | None = None
 
 
+@dataclass
+class Receiver:
+    """What an explorer offers a method to fetch with: the load into its engines, its broadcast
+    group member (`WeightReceiver`: `setup(info, first_rank)`, `receive(version)`) and the model
+    folder its engines started from (the base weights)."""
+
+    load: Load
+    group: Any = None
+    model_path: str = ""
+
+
 class SyncMethod:
     """Base of every method; subclasses set the traits and implement `send` and `fetch`."""
 
     name = ""
     broadcast = False  # the weights travel through a synchronizer-coordinated group
     pushed = False  # the trainer pushes the weights to the synchronizer; explorers pull them
+    state_kind = "full"  # what the trainer gathers to send: "full" (HF names) | "adapter" (LoRA A, B)
 
     # ---- trainer ---------------------------------------------------------------------------------
     def check_sender(self, sender: Sender) -> None:
@@ -93,8 +111,8 @@ class SyncMethod:
         """Does this `WaitForVersion` answer call for a fetch by an explorer holding `held`?"""
         return answer.receive_broadcast or (not self.broadcast and answer.model_version.version > held)
 
-    def fetch(self, client: Any, load: Load, receiver: Any = None) -> Fetch:
-        """The explorer's fetch-and-load of one version (`receiver`: its broadcast `WeightReceiver`)."""
+    def fetch(self, client: Any, receiver: Receiver) -> Fetch:
+        """The explorer's fetch-and-load of one version through `client` (its `SyncClient`)."""
         raise NotImplementedError
 
     def __repr__(self) -> str:

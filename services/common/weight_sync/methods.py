@@ -25,6 +25,7 @@ from services.common.weight_sync.method import (
     Fetch,
     Load,
     Published,
+    Receiver,
     Sender,
     SyncMethod,
     WaitAnswer,
@@ -64,10 +65,10 @@ class BroadcastMethod(SyncMethod):
         # a failed join or broadcast is reported, so the synchronizer starts a new group generation
         await client.report_sync(0, False, generation, f"{type(error).__name__}: {error}")
 
-    def fetch(self, client: Any, load: Load, receiver: Any = None) -> Fetch:
-        if receiver is None:
-            raise WeightSyncError("the nccl method needs the explorer's weight receiver")
-        return BroadcastFetch(client, receiver.setup, receiver.receive)
+    def fetch(self, client: Any, receiver: Receiver) -> Fetch:
+        if receiver.group is None:
+            raise WeightSyncError("the nccl method needs the explorer's weight receiver (a group member)")
+        return BroadcastFetch(client, receiver.group.setup, receiver.group.receive)
 
 
 @SYNC_METHODS.register("memory")
@@ -99,8 +100,8 @@ class MemoryMethod(SyncMethod):
         await sender.push(delivery.chunks)  # complete: the synchronizer publishes
         return delivery
 
-    def fetch(self, client: Any, load: Load, receiver: Any = None) -> Fetch:
-        return MemoryFetch(client, load)
+    def fetch(self, client: Any, receiver: Receiver) -> Fetch:
+        return MemoryFetch(client, receiver.load)
 
 
 @SYNC_METHODS.register("checkpoint", "offline")
@@ -116,8 +117,8 @@ class CheckpointMethod(SyncMethod):
     async def published(self, client: Any, result: Published, generation: int) -> None:
         await client.notify_checkpoint(result.version, result.step, result.checkpoint_path)
 
-    def fetch(self, client: Any, load: Load, receiver: Any = None) -> Fetch:
-        return CheckpointFetch(load)
+    def fetch(self, client: Any, receiver: Receiver) -> Fetch:
+        return CheckpointFetch(receiver.load)
 
 
 class MemoryFetch:

@@ -62,7 +62,11 @@ class RolloutEngine(Protocol):
         """For each prompt, `params.n` samples (in order)."""
         ...
 
-    async def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None: ...
+    async def load_weights(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, strict: bool = True
+    ) -> None:
+        """Load the tensors; `strict`: they cover every parameter (False: a subset, e.g. merged LoRA layers)."""
+        ...
 
     def stats(self) -> dict[str, float]:
         """Cumulative counters: generated_tokens, generate_seconds, requests."""

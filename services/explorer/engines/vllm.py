@@ -226,7 +226,10 @@ class VLLMEngine:
         self._stats["requests"] += sum(len(g) for g in outs)
         return outs
 
-    async def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+    async def load_weights(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, strict: bool = True
+    ) -> None:
+        # vLLM's model.load_weights takes any subset of the weights; `strict` changes nothing here
         named = [(n, t.detach().cpu()) for n, t in named_tensors]
         async with self._gate.updating():
             await self.llm.collective_rpc("rft_load_named", args=(named,))

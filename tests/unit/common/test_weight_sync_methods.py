@@ -14,6 +14,7 @@ import torch
 from services.common.registry import UnknownNameError
 from services.common.weight_sync import (
     SYNC_METHODS,
+    Receiver,
     Sender,
     SyncMethod,
     TransportOptions,
@@ -38,15 +39,18 @@ def _state() -> dict[str, torch.Tensor]:
 
 
 def test_registry_has_each_method_with_its_traits():
-    assert SYNC_METHODS.names() == ["checkpoint", "memory", "memory_bf16", "nccl"]
+    assert SYNC_METHODS.names() == ["checkpoint", "lora_adapter", "memory", "memory_bf16", "nccl"]
     assert sync_method("online") is sync_method("nccl") and sync_method("offline").name == "checkpoint"
     traits = {n: (sync_method(n).broadcast, sync_method(n).pushed) for n in SYNC_METHODS.names()}
     assert traits == {
         "nccl": (True, False),
         "memory": (False, True),
         "memory_bf16": (False, True),
+        "lora_adapter": (False, True),
         "checkpoint": (False, False),
     }
+    kinds = {n: sync_method(n).state_kind for n in SYNC_METHODS.names()}
+    assert kinds == {n: "adapter" if n == "lora_adapter" else "full" for n in SYNC_METHODS.names()}
     with pytest.raises(UnknownNameError, match="did you mean"):
         sync_method("memroy")
     plugin = sync_method("services.common.weight_sync.bf16_wire:Bf16WireMethod")
@@ -90,7 +94,7 @@ def test_senders_name_what_they_lack():
     with pytest.raises(WeightSyncError, match="weight-sync group"):
         sync_method("nccl").check_sender(Sender(TransportOptions()))
     with pytest.raises(WeightSyncError, match="weight receiver"):
-        sync_method("nccl").fetch(client=None, load=None)
+        sync_method("nccl").fetch(None, Receiver(load=None))
     sync_method("checkpoint").check_sender(Sender(TransportOptions()))  # needs nothing from the trainer
     assert sync_method("memory").as_received(state) is state
 
@@ -168,3 +172,26 @@ def test_a_new_method_is_one_subclass_and_a_registry_entry():
     finally:
         SYNC_METHODS._entries.pop("memory_test_only")
         SYNC_METHODS._canonical.pop("memory_test_only")
+
+
+def test_lora_adapter_merge_checks_names_and_shapes(tmp_path):
+    from safetensors.torch import save_file
+
+    from services.common.weight_sync.lora_adapter import merge_adapter, read_base_weights
+
+    w = torch.randn(6, 4)
+    save_file({"layer.weight": w, "other.weight": torch.zeros(2)}, str(tmp_path / "model.safetensors"))
+    a, b = torch.randn(2, 4), torch.randn(6, 2)
+    adapter = {"layer.weight#lora_A": a, "layer.weight#lora_B": b,
+               "layer.weight#lora_scaling": torch.tensor([0.5], dtype=torch.float64)}  # fmt: skip
+    base = read_base_weights(tmp_path, ["layer.weight"])
+    assert set(base) == {"layer.weight"}  # only what the adapter needs is read
+    assert torch.equal(merge_adapter(base, adapter)["layer.weight"], w + (b @ a) * 0.5)
+    with pytest.raises(WeightSyncError, match="not in"):
+        read_base_weights(tmp_path, ["missing.weight"])
+    with pytest.raises(WeightSyncError, match="does not have"):
+        merge_adapter({}, adapter)
+    with pytest.raises(WeightSyncError, match=r"update is \(6, 4\), the weight \(4, 6\)"):
+        merge_adapter({"layer.weight": torch.zeros(4, 6)}, adapter)
+    with pytest.raises(WeightSyncError, match="model folder"):
+        sync_method("lora_adapter").fetch(None, Receiver(load=None))

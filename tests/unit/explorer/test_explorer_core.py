@@ -15,8 +15,8 @@ from services.common.experience import Experience
 from services.explorer.core import ExplorationFailed, ExplorerCore, find_checkpoints
 from services.explorer.metrics import eval_metrics, pass_at
 from services.explorer.runner import TaskResult
+from services.explorer.settings import ExplorerSettings
 from services.explorer.sink import MemorySink
-from services.explorer.sync import VersionGate
 from services.explorer.tasks import Task
 from services.explorer.workflows import WORKFLOWS
 
@@ -95,7 +95,7 @@ def _rows(n, wf=None):
 
 async def _core(config, engine=None, explorer_id="ex1", **kw):
     core = ExplorerCore(
-        config,
+        ExplorerSettings.from_config(config),
         engines=[engine or ScriptedEngine(["#### 1"])],
         sink=MemorySink(),
         explorer_id=explorer_id,
@@ -132,7 +132,7 @@ async def test_steps_group_and_stamp_experiences(tmp_path):
     ):
         assert key in m, key
     assert m["rollout/finished_task_count"] == 4 and results[1].metrics["rollout/finished_task_count"] == 2
-    lines = (core.resolved.job_dir / "explorer" / "ex1.json").read_text()
+    lines = (core.settings.job_dir / "explorer" / "ex1.json").read_text()
     assert json.loads(lines)["step"] == 2
 
 
@@ -258,17 +258,51 @@ def test_eval_metrics_values():
     assert pass_at(4, 1, 2) == pytest.approx(0.5) and pass_at(5, 0, 1) == 0.0
 
 
-async def test_version_gate_holds_steps_until_weights_arrive(tmp_path):
-    config = _config(tmp_path, _rows(8), batch=2)
-    gate = VersionGate(sync_interval=1, sync_offset=1, timeout_s=30)
-    core = await _core(config, gate=gate)
-    await core.explore(2)  # steps 1, 2 need version 0
-    next_step = asyncio.ensure_future(core.explore_step())
-    await asyncio.wait_for(gate.blocked.wait(), 10)  # step 3 needs version 1
-    assert gate.waiting_for == 1 and not next_step.done()
-    await core.load_weights([], version=1)
-    assert (await next_step).step == 3
-    assert core.status_info()["model_version"] == 1
+async def test_steps_wait_on_the_synchronizer_for_the_version_the_plan_needs(tmp_path):
+    """The explorer's real gate against a real synchronizer (in-process gRPC server, `checkpoint`
+    method, fixed plan with offset 1): steps 1 and 2 run on version 0, step 3 waits for version 1 and
+    runs once the trainer publishes it (the plan's formula lives only in the synchronizer)."""
+    from safetensors.torch import save_file
+
+    from services.common.rpc import create_channel, start_server
+    from services.common.sync_client import SyncClient
+    from services.common.sync_hooks import ExplorerSyncGate
+    from services.common.weight_sync import Receiver, sync_method
+    from services.synchronizer.core import SynchronizerCore
+    from services.synchronizer.plan import SyncPlan
+    from services.synchronizer.servicer import registration
+    from services.synchronizer.settings import SynchronizerSettings
+
+    sync = SynchronizerCore(SynchronizerSettings(method="checkpoint", plan=SyncPlan("fixed", 1, 1)))
+    await sync.start()
+    server = await start_server([registration(sync)], port=0)
+    clients = [
+        SyncClient(create_channel(server.address), mid, role, timeout_s=10, sync_timeout_s=30, owns_channel=True)
+        for mid, role in (("ex1", "explorer"), ("trainer", "trainer"))
+    ]  # fmt: skip
+    explorer, trainer = clients
+    try:
+        for c in clients:
+            await c.register()
+        core = await _core(_config(tmp_path, _rows(8), batch=2))
+        method = sync_method("checkpoint")
+        core.gate = ExplorerSyncGate(
+            explorer, method.fetch(explorer, Receiver(core.load_weights)), method=method
+        )
+        await core.explore(2)  # steps 1, 2 need version 0
+        next_step = asyncio.ensure_future(core.explore_step())
+        await sync.wait_until(lambda: sync.members["ex1"].status.name == "REQUIRE_SYNC", 10)
+        assert sync.members["ex1"].wants_version == 1 and not next_step.done()  # step 3 needs version 1
+        weights = tmp_path / "v1.safetensors"
+        save_file({"w": torch.zeros(1)}, str(weights))
+        await trainer.notify_checkpoint(1, 1, str(weights))
+        assert (await asyncio.wait_for(next_step, 30)).step == 3
+        assert core.status_info()["model_version"] == 1
+    finally:
+        for c in clients:
+            await c.close()
+        await server.stop(0)
+        await sync.close()
 
 
 async def test_bench_evaluates_checkpoints(tmp_path, tiny_model_dir):

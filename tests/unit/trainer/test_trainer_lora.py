@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM
 
 from services.common.config import ConfigError, load_config
 from services.common.tiny_model import make_tiny_model
+from services.common.weight_sync.lora_adapter import adapter_targets, merge_adapter, read_base_weights
 from services.trainer.collate import collate
 from services.trainer.distributed import ensure_process_group
 from services.trainer.engine import FSDPEngine
@@ -112,6 +113,28 @@ def test_hf_export_is_the_merged_model_and_the_adapter(model_dir, tmp_path):
     assert set(synced) == set(hf.state_dict()) | ({"lm_head.weight"} & set(synced))
     for name, value in hf.state_dict().items():
         torch.testing.assert_close(synced[name], value, rtol=0, atol=0)
+
+
+def test_adapter_only_sync_merges_on_the_explorer_to_the_same_bits(model_dir, tmp_path):
+    """`sync_method: lora_adapter`: the trainer gathers only A, B and the scaling per adapted weight;
+    merged into the base weights read from the model folder they equal the merged sync bit for bit,
+    for a fraction of the bytes. A policy without LoRA refuses the adapter-only gather by name."""
+    engine = make_engine(model_dir, tmp_path)
+    engine.train_step(steps(1)[0])
+    adapter = dict(engine.iter_state_dict("adapter"))
+    synced = dict(engine.iter_state_dict())
+    names = adapter_targets(adapter)
+    assert names and all(n in synced for n in names)
+    merged = merge_adapter(read_base_weights(model_dir, names), adapter)
+    for name in names:
+        assert torch.equal(merged[name], synced[name]), name
+    base = read_base_weights(model_dir, names)
+    assert any(not torch.equal(base[n], synced[n]) for n in names)  # the step moved the adapter
+    nbytes = lambda sd: sum(t.numel() * t.element_size() for t in sd.values())  # noqa: E731
+    assert nbytes(adapter) < 0.5 * nbytes(synced), (nbytes(adapter), nbytes(synced))
+    plain = make_engine(model_dir, tmp_path / "plain", lora=None)
+    with pytest.raises(ValueError, match="model.lora_configs is empty"):
+        dict(plain.iter_state_dict("adapter"))
 
 
 def test_path_starts_from_a_saved_adapter(model_dir, tmp_path):
