@@ -1,6 +1,7 @@
 """Trainer step throughput: the FSDP2 trainer step vs a bare PyTorch loop doing the same work.
 
-    python bench/trainer_step.py [--quick] [--gpu]
+    python bench/trainer_step.py [--quick] [--gpu] [--device cpu|cuda] [--dtype auto|fp32|bf16]
+        [--shape tiny|small|qwen2-0.5b] [--peak-tflops T] [--reps N]
 
 Both sides run on the same batch of experiences (varied lengths), in the same process, interleaved,
 several repetitions after one warm-up step each; the median is reported.  Work per step on both
@@ -14,15 +15,27 @@ gradient clipping and one AdamW step.
 - bare: a plain HF module, right-padded micro-batches with an attention mask, -A·log π masked
   mean, `clip_grad_norm_`, `torch.optim.AdamW`.
 
-tokens/s counts real (non-padding) tokens.  `--gpu` builds a ~0.5B-parameter Qwen2 config (the
-Qwen2.5-0.5B shape, random weights) in bf16 and also reports MFU = 6·N·tokens/s / peak bf16 FLOP/s
-(989e12 for an H100 SXM; override with --peak-tflops).  The last line is one JSON object.
+tokens/s counts real (non-padding) tokens.  Options:
+- `--device cpu|cuda` (default: cuda when available), `--shape tiny|small|qwen2-0.5b` (default small,
+  tiny with --quick); `qwen2-0.5b` is the Qwen2.5-0.5B shape (hidden 896, 24 layers, 14 heads, 2 KV heads,
+  intermediate 4864, vocab 151936) built from a `Qwen2Config` with random weights, no download.
+- `--dtype auto|fp32|bf16`: the trainer computes in bf16 on CUDA (FSDP2 mixed precision: bf16 parameters
+  and activations, fp32 master weights and gradient reduction) and in fp32 on CPU; the option states the
+  expectation and refuses a combination the engine does not run.
+- `--gpu` is short for `--device cuda --dtype bf16 --shape qwen2-0.5b`.
+- MFU = achieved model FLOP/s / peak, with 8·N FLOPs per token (N parameters): 2·N for the no-grad
+  old-log-prob forward plus 6·N for forward + backward (Kaplan et al. 2020, "Scaling Laws", C ≈ 6N per
+  token for training).  The peak is `--peak-tflops`, or on CUDA detected from the device name (H100 and
+  H200: 989 TFLOP/s dense bf16).  With an MFU the headline "ratio" is MFU / 0.35 (a 35% MFU target) and
+  the ours/bare ratio moves to "ratio_vs_bare"; without one "ratio" is ours/bare (target 0.9).
+The last line is one JSON object.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -132,26 +145,66 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def main() -> int:
+# dense bf16 peak TFLOP/s by device name (NVIDIA data sheets, SXM parts)
+PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
+MFU_TARGET = 0.35
+# (experiences, prompt tokens, max response tokens, micro-batch size) per shape
+WORK = {"tiny": (16, 16, 48, 4), "small": (16, 32, 96, 4), "qwen2-0.5b": (32, 256, 768, 4)}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--gpu", action="store_true", help="~0.5B model in bf16 on CUDA, with MFU")
-    parser.add_argument("--peak-tflops", type=float, default=989.0)
-    args = parser.parse_args()
-    if args.gpu and not torch.cuda.is_available():
-        print("--gpu needs CUDA", file=sys.stderr)
+    parser.add_argument("--gpu", action="store_true", help="--device cuda --dtype bf16 --shape qwen2-0.5b")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default=None)
+    parser.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto")
+    parser.add_argument("--shape", choices=sorted(WORK), default=None)
+    parser.add_argument(
+        "--reps", type=int, default=None, help="timed repetitions (default 7, 3 with --quick)"
+    )
+    parser.add_argument("--peak-tflops", type=float, default=None, help="peak FLOP/s for MFU (TFLOP/s)")
+    args = parser.parse_args(argv)
+    if args.gpu:
+        args.device, args.dtype, args.shape = args.device or "cuda", "bf16", args.shape or "qwen2-0.5b"
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    args.shape = args.shape or ("tiny" if args.quick else "small")
+    want = "bf16" if args.device == "cuda" else "fp32"
+    if args.dtype not in ("auto", want):
+        parser.error(f"--dtype {args.dtype} with --device {args.device}: the trainer runs {want} there; "
+                     f"pass --dtype {want} or auto")  # fmt: skip
+    args.dtype = want
+    if args.reps is not None and args.reps < 1:
+        parser.error(f"--reps must be >= 1, got {args.reps}")
+    if args.peak_tflops is not None and args.peak_tflops <= 0:
+        parser.error(f"--peak-tflops must be > 0, got {args.peak_tflops}")
+    return args
+
+
+def peak_tflops(args: argparse.Namespace, device: torch.device) -> float | None:
+    """--peak-tflops, else the data-sheet peak of a known CUDA device, else None (no MFU)."""
+    if args.peak_tflops is not None or device.type != "cuda":
+        return args.peak_tflops
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in PEAK_BF16_TFLOPS.items() if k in name), None)
+
+
+def main() -> int:
+    args = parse_args()
+    if args.device == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before CUDA starts: the trainer picks cuda when it sees one
+    elif not torch.cuda.is_available():
+        print("--device cuda needs CUDA", file=sys.stderr)
         return 2
-    if not args.gpu:
+    if args.device == "cpu":
         torch.set_num_threads(max(1, torch.get_num_threads()))
     info = ensure_process_group()
-    reps = 3 if args.quick else 7
+    reps = args.reps or (3 if args.quick else 7)
     with tempfile.TemporaryDirectory() as tmp:
-        if args.gpu:
+        if args.shape == "qwen2-0.5b":
             model_dir = make_gpu_model(Path(tmp) / "m")
-            n, prompt, response, micro = 32, 256, 768, 4
         else:
-            model_dir = make_tiny_model(Path(tmp) / "m", size="tiny" if args.quick else "small")
-            n, prompt, response, micro = (16, 16, 48, 4) if args.quick else (16, 32, 96, 4)
+            model_dir = make_tiny_model(Path(tmp) / "m", size=args.shape)
+        n, prompt, response, micro = WORK[args.shape]
         config = make_config(
             model_dir,
             Path(tmp) / "ck",
@@ -185,6 +238,9 @@ def main() -> int:
         "tokens_per_step": tokens,
         "params": n_params,
         "reps": reps,
+        "shape": args.shape,
+        "dtype": args.dtype,
+        "tokens_per_s": round(tps["ours"], 1),
         "ours_tokens_per_s": round(tps["ours"], 1),
         "ours_step_s": round(med["ours"], 4),
         "baseline": {"bare_tokens_per_s": round(tps["bare"], 1), "bare_step_s": round(med["bare"], 4)},
@@ -194,16 +250,31 @@ def main() -> int:
         "fsdp": ours.worker.fsdp,
         "threads": torch.get_num_threads(),
     }
-    if args.gpu:
-        flops = lambda t: 8 * n_params * t / (args.peak_tflops * 1e12)  # noqa: E731  (fwd x2 + bwd)
-        result["mfu_ours"] = round(flops(tps["ours"]), 4)
-        result["mfu_bare"] = round(flops(tps["bare"]), 4)
+    peak = peak_tflops(args, info.device)
+    if peak is not None:
+        flops_per_token = 8 * n_params  # 2N old-log-prob forward + 6N forward/backward
+        mfu = {k: flops_per_token * v / (peak * 1e12) for k, v in tps.items()}
+        result.update(
+            mfu=round(mfu["ours"], 4),
+            mfu_bare=round(mfu["bare"], 4),
+            peak_tflops=peak,
+            flops_per_token=flops_per_token,
+            ratio=round(mfu["ours"] / MFU_TARGET, 3),
+            target=1.0,
+            mfu_target=MFU_TARGET,
+            ratio_vs_bare=result["ratio"],
+            target_vs_bare=result["target"],
+        )
+    if info.device.type == "cuda":
+        result["device_name"] = torch.cuda.get_device_name(info.device)
     print(f"{'':8} {'step s (median)':>16} {'tokens/s':>12}")
     for k in ("ours", "bare"):
         print(f"{k:8} {med[k]:>16.4f} {tps[k]:>12.1f}")
-    print(
-        f"ratio ours/bare = {result['ratio']}  (target {result['target']}; {tokens} tokens/step, {n_params} params)"
-    )
+    ours_vs_bare = result.get("ratio_vs_bare", result["ratio"])
+    print(f"ratio ours/bare = {ours_vs_bare}  (target 0.9; {tokens} tokens/step, {n_params} params)")
+    if peak is not None:
+        print(f"MFU ours {result['mfu']:.4f}  bare {result['mfu_bare']:.4f}  (peak {peak:g} TFLOP/s, "
+              f"8N FLOPs/token; ratio MFU/{MFU_TARGET} = {result['ratio']})")  # fmt: skip
     print(json.dumps(result))
     return 0
 

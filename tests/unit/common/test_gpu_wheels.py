@@ -1,0 +1,97 @@
+"""The offline GPU check's wheel set: scripts/gpu_wheels.py's closure walk over wheel METADATA (on wheels
+written here), and `scripts/gpu_check.sh --dry-run` against the real .gpu-wheels/ when it was downloaded."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+_spec = importlib.util.spec_from_file_location("gpu_wheels", ROOT / "scripts" / "gpu_wheels.py")
+gpu_wheels = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gpu_wheels)
+
+
+def write_wheel(folder: Path, name: str, version: str, *requires: str) -> None:
+    dist = f"{name.replace('-', '_')}-{version}"
+    meta = "".join(f"Requires-Dist: {r}\n" for r in requires)
+    with zipfile.ZipFile(folder / f"{dist}-py3-none-any.whl", "w") as z:
+        z.writestr(
+            f"{dist}.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n{meta}"
+        )
+
+
+def test_closure_follows_metadata_for_python_312(tmp_path):
+    write_wheel(
+        tmp_path,
+        "app",
+        "1.0",
+        "lib-a>=2",
+        "torch>=2.6",
+        "nvidia-nccl-cu12",
+        "old-only; python_version < '3.11'",
+    )
+    write_wheel(tmp_path, "lib-a", "2.1", "lib-b[fast]", "win-only; sys_platform == 'win32'")
+    write_wheel(tmp_path, "lib-b", "0.3", "speedups; extra == 'fast'", "docs-tool; extra == 'docs'")
+    # torch / nvidia-* come with the machine; markers are evaluated for CPython 3.12 on Linux x86_64
+    assert gpu_wheels.missing(tmp_path, ["app"]) == (["speedups"], [])
+    write_wheel(tmp_path, "speedups", "1.0")
+    assert gpu_wheels.missing(tmp_path, ["app"]) == ([], [])
+    assert gpu_wheels.missing(tmp_path, ["app", "absent-root"]) == (["absent-root"], [])
+
+
+def test_closure_reports_a_version_conflict(tmp_path):
+    write_wheel(tmp_path, "app", "1.0", "lib-a>=3")
+    write_wheel(tmp_path, "lib-a", "2.1")
+    absent, conflicts = gpu_wheels.missing(tmp_path, ["app"])
+    assert absent == [] and conflicts == ["app==1.0 needs lib-a>=3, the folder has lib-a==2.1"]
+
+
+def test_roots_are_pinned_and_leave_out_torch_and_unused_packages():
+    roots, pins = gpu_wheels.top_level(), gpu_wheels.pins()
+    assert {"transformers", "grpcio", "pydantic", "pytest", "safetensors", "setuptools"} <= set(roots)
+    assert not {"torch", "pyarrow", "datasets", "matplotlib", "ruff"} & set(roots)
+    assert all(r in pins for r in roots if r not in gpu_wheels.BUILD)
+
+
+def test_check_names_the_missing_list(tmp_path, capsys):
+    assert gpu_wheels.check(tmp_path) == 1
+    assert "requirements.txt is missing: run `bash scripts/gpu_wheels.sh`" in capsys.readouterr().err
+
+
+def test_scripts_parse():
+    subprocess.run(["bash", "-n", "scripts/gpu_check.sh", "scripts/gpu_wheels.sh"], cwd=ROOT, check=True)
+
+
+@pytest.mark.skipif(
+    not (ROOT / ".gpu-wheels" / "requirements.txt").is_file(),
+    reason=".gpu-wheels/ not downloaded here (run `bash scripts/gpu_wheels.sh`, needs PyPI)",
+)
+def test_dry_run_resolves_the_wheel_folder_offline():
+    proc = subprocess.run(
+        ["bash", "scripts/gpu_check.sh", "--dry-run"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "dry run OK" in proc.stdout
+    for step in ("setup", "env", "pytest", "rollout", "trainer"):
+        assert f"  {step} " in proc.stdout
+    assert "bench/trainer_step.py --gpu" in proc.stdout
+
+
+def test_dry_run_without_the_wheel_folder_says_how_to_make_it(tmp_path):
+    env = {**os.environ, "RFT_GPU_WHEELS": str(tmp_path / "absent")}
+    proc = subprocess.run(
+        ["bash", "scripts/gpu_check.sh", "--dry-run"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 1
+    assert "requirements.txt is missing: run 'bash scripts/gpu_wheels.sh'" in proc.stderr
