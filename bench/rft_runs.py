@@ -22,7 +22,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -153,6 +153,7 @@ class RunResult:
     reward: list[float]  # mean reward of the samples trained at each step
     tokens: list[float]  # trained tokens (prompt + response) per step
     metrics: list[dict[str, float]]
+    explorer_metrics: list[dict[str, float]] = field(default_factory=list)  # explore steps, in order
 
     def window(self, warmup: int, samples_per_step: int) -> tuple[float, float, float]:
         """(completions/s, trained tokens/s, seconds per step) over steps warmup+1..N."""
@@ -192,12 +193,15 @@ def run_rft(
     metrics.sort(key=lambda m: m["step"])
     steps = sorted(ends)
     first = ends[steps[0]]
+    explorer = job_dir / "metrics" / "explorer.jsonl"
+    explored = [json.loads(x) for x in explorer.read_text().splitlines() if x] if explorer.exists() else []
     return RunResult(
         wall_s=wall,
         step_end_s=[ends[s] - first for s in steps],
         reward=[float(m["critic/score/mean"]) for m in metrics],
         tokens=[float(m["perf/total_num_tokens"]) for m in metrics],
         metrics=metrics,
+        explorer_metrics=sorted((m for m in explored if "time/explore_step" in m), key=lambda m: m["step"]),
     )
 
 

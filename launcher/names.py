@@ -182,7 +182,26 @@ def _problems(config: RFTConfig, runs: bool) -> list[Problem]:
         why = _trainer_preset(config)
         if why:
             problems.append(Problem("algorithm", why))
+    if runs and not any(p.path == "synchronizer.sync_method" for p in problems):
+        why = _sync_method_fits(config)
+        if why:
+            problems.append(Problem("synchronizer.sync_method", why))
     return problems
+
+
+def _sync_method_fits(config: RFTConfig) -> str | None:
+    """Why the run's weight-sync method cannot send this run's policy, or None."""
+    if "sync_method" not in config.synchronizer.model_fields_set:
+        return None
+    from services.common.weight_sync import sync_method
+
+    method = sync_method(config.synchronizer.sync_method)
+    if method.state_kind == "adapter" and not config.model.lora_configs:
+        return (
+            f"{config.synchronizer.sync_method!r} sends only a LoRA adapter, but model.lora_configs is "
+            "empty; set model.lora_configs or use a method that sends the whole model (e.g. memory)"
+        )
+    return None
 
 
 def check_names(config: RFTConfig, plugin_dirs: Sequence[str] = ()) -> list[Problem]:

@@ -61,6 +61,11 @@ def test_sync_method_is_checked_against_the_method_registry():
         assert check_names(_config(synchronizer__sync_method=name)) == [], name
     plugin = "services.common.weight_sync.bf16_wire:Bf16WireMethod"
     assert check_names(_config(synchronizer__sync_method=plugin)) == []
+    # an adapter-only method needs a LoRA policy
+    problems = _by_path(check_names(_config(synchronizer__sync_method="lora_adapter")))
+    assert "model.lora_configs is empty" in problems["synchronizer.sync_method"]
+    lora = _config(synchronizer__sync_method="lora_adapter", model__lora_configs=[{"lora_rank": 4}])
+    assert check_names(lora) == []
 
 
 def test_workflow_reward_and_environment_names_of_every_taskset_and_default():
