@@ -68,7 +68,8 @@ def encode_member(exp: experience_pb2.Experience | bytes) -> bytes:
     return EXPERIENCE_TAG + _varint(len(data)) + data
 
 
-def _read_varint(data: bytes, i: int) -> tuple[int, int]:
+def read_varint(data: bytes, i: int) -> tuple[int, int]:
+    """The protobuf varint at `data[i]` and the index after it."""
     value = shift = 0
     while True:
         byte = data[i]
@@ -88,12 +89,12 @@ def field_slices(data: bytes, field_number: int) -> list[bytes]:
     out = []
     i, end = 0, len(data)
     while i < end:
-        key, i = _read_varint(data, i)
+        key, i = read_varint(data, i)
         wire_type = key & 7
         if wire_type == 0:
-            _, i = _read_varint(data, i)
+            _, i = read_varint(data, i)
         elif wire_type == 2:
-            length, i = _read_varint(data, i)
+            length, i = read_varint(data, i)
             if key >> 3 == field_number:
                 out.append(data[i : i + length])
             i += length

@@ -21,6 +21,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from services.buffer.records import read_varint
+
 # rft.v1.Experience field numbers (protos/rft/v1/experience.proto).
 TOKENS, PROMPT_LENGTH, MODEL_VERSION, USE_COUNT = 2, 3, 9, 17
 REJECTED_TOKENS, REJECTED_PROMPT_LENGTH = 18, 19
@@ -36,17 +38,6 @@ ONCE = FLOAT_ARRAYS | {TOKENS, ACTION_MASK, REJECTED_TOKENS}
 _CONTINUATION = bytes(range(0x80, 0x100))
 _DOUBLE = struct.Struct("<d")
 MAX_ID_BYTES = 4  # ids below 2^28 take at most 4 varint bytes; longer ones go to the slow path
-
-
-def _varint(data: bytes, i: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[i]
-        i += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, i
-        shift += 7
 
 
 def _count(packed: bytes) -> int:
@@ -65,7 +56,7 @@ def _scan(data: bytes, token_parts: list[bytes], float_parts: list[bytes]) -> bo
         key = data[i]
         i += 1
         if key >= 0x80:
-            key, i = _varint(data, i - 1)
+            key, i = read_varint(data, i - 1)
         number = key >> 3
         wire_type = key & 7
         if wire_type == 2:
@@ -77,7 +68,7 @@ def _scan(data: bytes, token_parts: list[bytes], float_parts: list[bytes]) -> bo
                     length = length & 0x7F | high << 7
                     i += 1
                 else:
-                    length, i = _varint(data, i - 1)
+                    length, i = read_varint(data, i - 1)
             if number in SKIPPED_BYTES:
                 i += length
                 continue
@@ -101,7 +92,7 @@ def _scan(data: bytes, token_parts: list[bytes], float_parts: list[bytes]) -> bo
             value = data[i]
             i += 1
             if value >= 0x80:
-                value, i = _varint(data, i - 1)
+                value, i = read_varint(data, i - 1)
             if number == PROMPT_LENGTH:
                 prompt_length = value
             elif number == REJECTED_PROMPT_LENGTH:
