@@ -35,6 +35,8 @@ class GenerationOutput:
     text: str = ""
     model_version: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
+    # per sampled token, the k most likely (token id, log-prob) of its sampling distribution, when asked
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
     @property
     def truncated(self) -> bool:

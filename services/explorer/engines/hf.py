@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -25,6 +25,10 @@ from services.explorer.engines.hf_generate import HFGenerator, Row
 
 class HFEngine:
     """A transformers causal LM as a rollout engine (CPU or CUDA)."""
+
+    # `generate` takes `on_token` (streaming) and `top_logprobs` (the served endpoint checks these)
+    supports_streaming = True
+    supports_top_logprobs = True
 
     def __init__(
         self,
@@ -108,9 +112,16 @@ class HFEngine:
         return _regroup(self._run(rows), counts)
 
     async def generate(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams],
+        *,
+        on_token: Callable[[int, int, int, float], None] | None = None,
+        top_logprobs: int = 0,
     ) -> list[list[GenerationOutput]]:
-        rows, counts = _expand(prompts, per_prompt_params(prompts, params))
+        """`on_token(prompt_index, choice_index, token_id, logprob)` is called from the generating thread
+        as each token is sampled; `top_logprobs` > 0 fills `GenerationOutput.top_logprobs`."""
+        rows, counts = _expand(prompts, per_prompt_params(prompts, params), on_token, top_logprobs)
         if not rows:
             return []
         future: asyncio.Future[list[GenerationOutput]] = asyncio.get_running_loop().create_future()
@@ -178,15 +189,26 @@ class HFEngine:
 
 
 def _expand(
-    prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams]
+    prompts: Sequence[Sequence[int]],
+    params: Sequence[SamplingParams],
+    on_token: Callable[[int, int, int, float], None] | None = None,
+    top_logprobs: int = 0,
 ) -> tuple[list[Row], list[int]]:
     rows: list[Row] = []
     counts = []
-    for prompt, p in zip(prompts, params, strict=True):
+    for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
         ids = [int(t) for t in prompt]
-        rows.extend(Row(ids, p) for _ in range(p.n))
+        rows.extend(Row(ids, p, _bind(on_token, i, c), top_logprobs) for c in range(p.n))
         counts.append(p.n)
     return rows, counts
+
+
+def _bind(
+    on_token: Callable[[int, int, int, float], None] | None, prompt: int, choice: int
+) -> Callable[[int, float], None] | None:
+    if on_token is None:
+        return None
+    return lambda token, logprob: on_token(prompt, choice, token, logprob)
 
 
 def _regroup(outputs: list[GenerationOutput], counts: list[int]) -> list[list[GenerationOutput]]:

@@ -12,7 +12,7 @@ Python per call); other models use the transformers forward with its `DynamicCac
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -20,15 +20,21 @@ from transformers import DynamicCache
 
 from services.explorer.engines.base import GenerationOutput, SamplingParams
 from services.explorer.engines.lean_decoder import LeanDecoder, unsupported
-from services.explorer.engines.sampling import RowParams, apply_repetition_penalty, sample
+from services.explorer.engines.sampling import RowParams, apply_repetition_penalty, sample_dist
 
 
 @dataclass
 class Row:
-    """One sample to generate: prompt token ids and its sampling arguments."""
+    """One sample to generate: prompt token ids and its sampling arguments.
+
+    `on_token(token_id, logprob)`, when set, is called from the generating thread after each step in
+    which this row sampled a token (streaming). `top_logprobs` > 0 records, per sampled token, the k
+    most likely tokens of the same sampling distribution (`GenerationOutput.top_logprobs`)."""
 
     prompt: list[int]
     params: SamplingParams
+    on_token: Callable[[int, float], None] | None = None
+    top_logprobs: int = 0
 
 
 class HFGenerator:
@@ -93,6 +99,10 @@ class HFGenerator:
         stop_ids = self._stop_id_table(params, device)
         stop_strings = {i: p.stop for i, p in enumerate(params) if p.stop}
         penalty, seen = self._repetition_state(rows, params, device)
+        callbacks = {i: r.on_token for i, r in enumerate(rows) if r.on_token is not None}
+        top_k = {i: r.top_logprobs for i, r in enumerate(rows) if r.top_logprobs > 0}
+        top_rec: dict[int, list[list[tuple[int, float]]]] = {i: [] for i in top_k}
+        k_max = max(top_k.values(), default=0)
 
         tokens = torch.full((batch, max_new), self.pad_token_id, dtype=torch.long, device=device)
         logprobs = torch.zeros((batch, max_new), dtype=torch.float32, device=device)
@@ -126,7 +136,11 @@ class HFGenerator:
                 logits = logits.masked_fill(blocked[:, :vocab], float("-inf"))
             if penalty is not None:
                 logits = apply_repetition_penalty(logits, seen[active], penalty[active])
-            tok, lp = sample(logits, row_params, self.generator)
+            tok, lp, dist = sample_dist(logits, row_params, self.generator)
+            if top_k:
+                self._record_top(dist, active, top_k, k_max, top_rec)
+            if callbacks:
+                self._call_back(callbacks, active, tok, lp)
             if seen is not None:
                 seen[active, tok] = True
             tokens[active, t] = tok
@@ -152,7 +166,40 @@ class HFGenerator:
                     cache.batch_select_indices(keep)
             mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)
             step_ids = tok.unsqueeze(-1)
-        return self._outputs(rows, tokens, logprobs, lengths, reason_stop, stop_cut)
+        outs = self._outputs(rows, tokens, logprobs, lengths, reason_stop, stop_cut)
+        for i, rec in top_rec.items():
+            outs[i].top_logprobs = rec
+        return outs
+
+    @staticmethod
+    def _record_top(
+        dist: torch.Tensor,
+        active: torch.Tensor,
+        top_k: dict[int, int],
+        k_max: int,
+        top_rec: dict[int, list[list[tuple[int, float]]]],
+    ) -> None:
+        """Append the k most likely (token, log-prob) of this step's distribution for rows that ask."""
+        active_list = active.tolist()
+        pos = [p for p, row in enumerate(active_list) if row in top_k]
+        if not pos:
+            return
+        values, index = dist[pos].topk(min(k_max, dist.shape[-1]), dim=-1)
+        for p, vals, idx in zip(pos, values.tolist(), index.tolist(), strict=True):
+            k = top_k[active_list[p]]
+            top_rec[active_list[p]].append(list(zip(idx[:k], vals[:k], strict=True)))
+
+    @staticmethod
+    def _call_back(
+        callbacks: dict[int, Callable[[int, float], None]],
+        active: torch.Tensor,
+        tok: torch.Tensor,
+        lp: torch.Tensor,
+    ) -> None:
+        for row, t, x in zip(active.tolist(), tok.tolist(), lp.tolist(), strict=True):
+            fn = callbacks.get(row)
+            if fn is not None:
+                fn(t, x)
 
     def _repetition_state(
         self, rows: Sequence[Row], params: Sequence[SamplingParams], device: torch.device

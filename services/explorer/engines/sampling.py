@@ -101,6 +101,14 @@ def sample(
     logits: torch.Tensor, rows: RowParams, generator: torch.Generator | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row. Returns (tokens (B,) int64, their log-probs (B,) float32)."""
+    tokens, lp, _ = sample_dist(logits, rows, generator)
+    return tokens, lp
+
+
+def sample_dist(
+    logits: torch.Tensor, rows: RowParams, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """As `sample`, plus the log-probs (B, V) of the distribution sampled from (for top log-probs)."""
     logprobs = filtered_logprobs(logits, rows)
     if rows.all_greedy:
         tokens = logprobs.argmax(dim=-1)
@@ -108,7 +116,7 @@ def sample(
         tokens = _inverse_cdf(logprobs.exp(), generator)
         if rows.any_greedy:
             tokens = torch.where(rows.temperature > 0, tokens, logprobs.argmax(dim=-1))
-    return tokens, logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    return tokens, logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1), logprobs
 
 
 def _inverse_cdf(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

@@ -8,8 +8,12 @@
     POST /v1/feedback           {"session_id" | "response_id" [+ "choice_index"], "reward"}
     POST /v1/commit             {"session_ids": [...]}: the sessions become experiences in the buffer
 
-A streamed answer (`stream: true`) is sampled whole first (the engines sample whole sequences), then
-sent as OpenAI chunks: the role, the content, tool calls, the finish reason, `[DONE]`.
+A streamed answer (`stream: true`) is sent token by token as it is sampled (serve/streaming.py) when
+the engine reports tokens as they come (`hf`): the role, content deltas, the finish reason per choice,
+`[DONE]`. With `tools` (tool calls are parsed from the whole answer), `logprobs`, or an engine that
+samples whole sequences (vLLM here), the answer is sampled whole first and then sent as such chunks.
+`logprobs: true, top_logprobs: k` (chat) and `logprobs: k` (completions) report the k most likely
+tokens of the distribution each token was sampled from (`hf`).
 
 Session id of a call: the `X-Session-Id` request header, else the OpenAI `user` field, else
 `metadata.session_id`; with none, the call is a session of its own named by its response id. The
@@ -23,6 +27,7 @@ Every error is `{"error": {"message", "type", "param", "code"}}` with the field 
 from __future__ import annotations
 
 import hmac
+import secrets
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -30,7 +35,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 
-from services.explorer.serve import responses
+from services.explorer.serve import responses, streaming
 from services.explorer.serve.backend import ServeBackend
 from services.explorer.serve.protocol import (
     ChatRequest,
@@ -39,6 +44,7 @@ from services.explorer.serve.protocol import (
     FeedbackRequest,
     ServeError,
     check_chat,
+    stop_strings,
 )
 from services.explorer.serve.sessions import SessionError
 
@@ -111,6 +117,27 @@ def build_app(backend: ServeBackend, auth_token: str | None = None) -> FastAPI:
             return StreamingResponse(body, media_type="text/event-stream", headers=headers)
         return JSONResponse(body, headers=headers)
 
+    async def _live(request: Request, req: Any, chat: bool, usage: bool) -> Any:
+        """Stream token by token (when the engines can; else the whole-answer chunks)."""
+        sid = _session(request, req)
+        if not backend.streams_tokens:
+            run = backend.chat if chat else backend.complete
+            call, sid, answers = await run(req, sid)
+            name = backend.model_name
+            if chat:
+                return _answer(responses.chat_chunks(call, sid, answers, name, False, usage), sid, True)
+            return _answer(responses.completion_chunks(call, sid, answers, name), sid, True)
+        call_id = f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}"
+        sid = sid or call_id
+        feed = streaming.TokenFeed()
+        run = backend.chat if chat else backend.complete
+        task, first = await streaming.start(feed, lambda: run(req, sid, feed.on_token, call_id))
+        stops = stop_strings(req.stop)
+        decoders = [streaming.IncrementalDecoder(backend.tokenizer, stops) for _ in range(req.n)]
+        head = {"id": call_id, "object": "chat.completion.chunk" if chat else "text_completion",
+                "model": backend.model_name, "session_id": sid}  # fmt: skip
+        return _answer(streaming.live_chunks(feed, task, first, decoders, head, chat, usage), sid, True)
+
     @app.get("/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "model": backend.model_name, "model_version": backend.model_version}
@@ -124,10 +151,12 @@ def build_app(backend: ServeBackend, auth_token: str | None = None) -> FastAPI:
     async def chat(request: Request) -> Any:
         req = await _parse(request, ChatRequest, cfg.max_body_bytes)
         check_chat(req, cfg.max_n)
+        usage = bool((req.stream_options or {}).get("include_usage"))
+        if req.stream and not req.logprobs and not (req.tools and req.tool_choice != "none"):
+            return await _live(request, req, True, usage)
         call, sid, answers = await backend.chat(req, _session(request, req))
         name = backend.model_name
         if req.stream:
-            usage = bool((req.stream_options or {}).get("include_usage"))
             return _answer(responses.chat_chunks(call, sid, answers, name, req.logprobs, usage), sid, True)
         return _answer(responses.chat_body(call, sid, answers, name, req.logprobs), sid)
 
@@ -138,10 +167,13 @@ def build_app(backend: ServeBackend, auth_token: str | None = None) -> FastAPI:
             raise ServeError(
                 400, f"n: {req.n} is above this server's limit {cfg.max_n} (explorer.serve.max_n)", "n"
             )
+        if req.stream and req.logprobs is None:
+            return await _live(request, req, False, False)
         call, sid, answers = await backend.complete(req, _session(request, req))
+        lp, name = req.logprobs is not None, backend.model_name
         if req.stream:
-            return _answer(responses.completion_chunks(call, sid, answers, backend.model_name), sid, True)
-        return _answer(responses.completion_body(call, sid, answers, backend.model_name), sid)
+            return _answer(responses.completion_chunks(call, sid, answers, name, lp), sid, True)
+        return _answer(responses.completion_body(call, sid, answers, name, lp), sid)
 
     @app.post("/v1/feedback")
     async def feedback(request: Request) -> dict[str, Any]:

@@ -41,6 +41,7 @@ class Answer:
     tool_calls: list[dict[str, Any]]
     finish_reason: str
     tokens: list[str]  # each sampled token as text (logprobs)
+    top: list[list[tuple[str, float]]] | None = None  # per token, the k most likely (text, log-prob)
 
 
 def _text(content: Any) -> str:
@@ -80,6 +81,15 @@ class ServeBackend:
     @property
     def model_version(self) -> int:
         return min(e.model_version for e in self.engines)
+
+    @property
+    def streams_tokens(self) -> bool:
+        """Whether every engine can report tokens as they are sampled (`generate(on_token=...)`)."""
+        return all(getattr(e, "supports_streaming", False) for e in self.engines)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engines[0].tokenizer
 
     # ------------------------------------------------------------------ prompts
     def _chat_prompt(self, model: ModelWrapper, req: ChatRequest) -> str:
@@ -130,13 +140,26 @@ class ServeBackend:
         return min(room, self.cfg.max_tokens)
 
     # ------------------------------------------------------------------ sampling
-    async def _sample(self, model: ModelWrapper, prompt_ids: list[int], req: Any, room: int) -> list[Choice]:
+    async def _sample(
+        self, model: ModelWrapper, prompt_ids: list[int], req: Any, room: int,
+        on_token: Callable[[int, int, int, float], None] | None = None, top_logprobs: int = 0,
+    ) -> tuple[list[Choice], list[Any]]:  # fmt: skip
         limit = token_limit(req, self.cfg.max_tokens)
         params = self.sampling.replace(
             temperature=req.temperature, top_p=req.top_p, max_tokens=min(limit, room), n=req.n,
             stop=stop_strings(req.stop),
         )  # fmt: skip
-        outs = (await model.engine.generate([prompt_ids], params))[0]
+        extra: dict[str, Any] = {}
+        if on_token is not None and getattr(model.engine, "supports_streaming", False):
+            extra["on_token"] = on_token
+        if top_logprobs:
+            if not getattr(model.engine, "supports_top_logprobs", False):
+                raise ServeError(
+                    400, f"top_logprobs: the {model.engine.name} engine reports only the sampled token's "
+                    "log-prob; use top_logprobs: 0", "top_logprobs",
+                )  # fmt: skip
+            extra["top_logprobs"] = top_logprobs
+        outs = (await model.engine.generate([prompt_ids], params, **extra))[0]
         if any(o.finish_reason == "abort" for o in outs):
             raise ServeError(
                 503, "the engine aborted the generation (weights changing or shutting down); retry"
@@ -151,12 +174,14 @@ class ServeBackend:
                 o.text,
             )  # fmt: skip
             for i, o in enumerate(outs)
-        ]
+        ], [o.top_logprobs for o in outs]
 
-    def _answers(self, model: ModelWrapper, choices: list[Choice], tools: bool) -> list[Answer]:
+    def _answers(
+        self, model: ModelWrapper, choices: list[Choice], tools: bool, tops: list[Any] | None = None
+    ) -> list[Answer]:
         tok = model.tokenizer
         out = []
-        for c in choices:
+        for c, top in zip(choices, tops or [None] * len(choices), strict=True):
             content: str | None = c.text
             calls: list[dict[str, Any]] = []
             if tools:
@@ -165,26 +190,33 @@ class ServeBackend:
                 calls = [{"id": t.id, "type": "function", "function": {"name": t.name, "arguments": t.arguments}}
                          for t in parsed.tool_calls]  # fmt: skip
             finish = "tool_calls" if calls else c.finish_reason
-            out.append(Answer(c, content, calls, finish, [tok.decode([t]) for t in c.token_ids]))
+            top_text = [[(tok.decode([t]), lp) for t, lp in step] for step in top] if top else None
+            out.append(Answer(c, content, calls, finish, [tok.decode([t]) for t in c.token_ids], top_text))
         return out
 
-    async def chat(self, req: ChatRequest, session_id: str | None) -> tuple[Call, str, list[Answer]]:
-        """(the recorded call, its session id, the answers). Nothing is recorded when it fails."""
-        call_id = f"chatcmpl-{secrets.token_hex(12)}"
+    async def chat(
+        self, req: ChatRequest, session_id: str | None, on_token: Callable[..., None] | None = None,
+        call_id: str | None = None,
+    ) -> tuple[Call, str, list[Answer]]:  # fmt: skip
+        """(the recorded call, its session id, the answers). Nothing is recorded when it fails.
+        `on_token(prompt, choice, token_id, logprob)` sees tokens as they are sampled (streaming)."""
+        call_id = call_id or f"chatcmpl-{secrets.token_hex(12)}"
         sid = session_id or call_id
         self.store.check_open(sid)
         model = self._model()
         prompt_text = self._chat_prompt(model, req)
         ids = self._encode(model, sid, prompt_text)
-        choices = await self._sample(model, ids, req, self._fit(ids, "messages"))
-        answers = self._answers(model, choices, bool(req.tools) and req.tool_choice != "none")
+        k = (req.top_logprobs or 0) if req.logprobs else 0
+        choices, tops = await self._sample(model, ids, req, self._fit(ids, "messages"), on_token, k)
+        answers = self._answers(model, choices, bool(req.tools) and req.tool_choice != "none", tops)
         call = Call(call_id, ids, choices, prompt_text)
         self.store.record(sid, call)
         return call, sid, answers
 
     async def complete(
-        self, req: CompletionRequest, session_id: str | None
-    ) -> tuple[Call, str, list[Answer]]:
+        self, req: CompletionRequest, session_id: str | None, on_token: Callable[..., None] | None = None,
+        call_id: str | None = None,
+    ) -> tuple[Call, str, list[Answer]]:  # fmt: skip
         prompt = (
             req.prompt if isinstance(req.prompt, str) else req.prompt[0] if len(req.prompt) == 1 else None
         )
@@ -192,19 +224,18 @@ class ServeBackend:
             raise ServeError(400, "prompt: give one prompt per request (a string)", "prompt")
         if req.echo:
             raise ServeError(400, "echo: not supported", "echo")
-        if req.logprobs:
-            raise ServeError(400, "logprobs: only 0 (the sampled token's log-prob) is supported", "logprobs")
-        call_id = f"cmpl-{secrets.token_hex(12)}"
+        call_id = call_id or f"cmpl-{secrets.token_hex(12)}"
         sid = session_id or call_id
         self.store.check_open(sid)
         model = self._model()
         ids = self._encode(model, sid, prompt)
         if not ids:
             raise ServeError(400, "prompt: empty", "prompt")
-        choices = await self._sample(model, ids, req, self._fit(ids, "prompt"))
+        k = req.logprobs or 0
+        choices, tops = await self._sample(model, ids, req, self._fit(ids, "prompt"), on_token, k)
         call = Call(call_id, ids, choices, prompt)
         self.store.record(sid, call)
-        return call, sid, self._answers(model, choices, False)
+        return call, sid, self._answers(model, choices, False, tops)
 
     # ------------------------------------------------------------------ feedback and commit
     def feedback(

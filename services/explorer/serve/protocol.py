@@ -3,8 +3,8 @@ OpenAI shape `{"error": {"message", "type", "param", "code"}}`.
 
 Unknown fields are ignored, as OpenAI-compatible servers do (clients send extras such as
 `stream_options`); fields whose meaning this server cannot give are refused by name: `top_logprobs`
-above 0 (an engine reports the log-prob of the sampled token only), `tool_choice` naming a function
-or `required` (the parser reads tool calls, it does not force them).
+above 0 on an engine that reports the sampled token's log-prob only (vLLM here), `tool_choice` naming
+a function or `required` (the parser reads tool calls, it does not force them).
 """
 
 from __future__ import annotations
@@ -98,12 +98,8 @@ def token_limit(req: _Sampling, limit: int) -> int:
 def check_chat(req: ChatRequest, max_n: int) -> None:
     if req.n > max_n:
         raise ServeError(400, f"n: {req.n} is above this server's limit {max_n} (explorer.serve.max_n)", "n")
-    if req.top_logprobs:
-        raise ServeError(
-            400,
-            "top_logprobs: only the sampled token's log-prob is reported; use logprobs: true, top_logprobs: 0",
-            "top_logprobs",
-        )
+    if req.top_logprobs and not req.logprobs:
+        raise ServeError(400, "top_logprobs: needs logprobs: true", "top_logprobs")
     choice = req.tool_choice
     if choice is not None and choice not in ("auto", "none"):
         raise ServeError(400, "tool_choice: only 'auto' and 'none' are supported", "tool_choice")

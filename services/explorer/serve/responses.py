@@ -23,13 +23,32 @@ def _usage(call: Call) -> dict[str, int]:
 
 
 def _logprobs(a: Answer) -> dict[str, Any]:
+    tops = a.top or [[] for _ in a.tokens]
     return {
         "content": [
-            {"token": t, "logprob": lp, "bytes": list(t.encode("utf-8")), "top_logprobs": []}
-            for t, lp in zip(a.tokens, a.choice.logprobs, strict=True)
-        ],
+            {
+                "token": t,
+                "logprob": lp,
+                "bytes": list(t.encode("utf-8")),
+                "top_logprobs": [
+                    {"token": s, "logprob": x, "bytes": list(s.encode("utf-8"))} for s, x in top
+                ],
+            }
+            for t, lp, top in zip(a.tokens, a.choice.logprobs, tops, strict=True)
+        ],  # fmt: skip
         "refusal": None,
     }
+
+
+def completion_logprobs(a: Answer, prompt: str) -> dict[str, Any]:
+    """OpenAI's legacy completions `logprobs`: tokens, their log-probs, the top k per token, offsets."""
+    offsets, at = [], len(prompt)
+    for t in a.tokens:
+        offsets.append(at)
+        at += len(t)
+    tops = [dict(top) for top in a.top] if a.top is not None else None
+    return {"tokens": a.tokens, "token_logprobs": a.choice.logprobs, "top_logprobs": tops,
+            "text_offset": offsets}  # fmt: skip
 
 
 def _message(a: Answer) -> dict[str, Any]:
@@ -89,7 +108,9 @@ def chat_chunks(
     yield "data: [DONE]\n\n"
 
 
-def completion_body(call: Call, sid: str, answers: list[Answer], model: str) -> dict[str, Any]:
+def completion_body(
+    call: Call, sid: str, answers: list[Answer], model: str, logprobs: bool = False
+) -> dict[str, Any]:
     return {
         "id": call.call_id,
         "object": "text_completion",
@@ -100,7 +121,7 @@ def completion_body(call: Call, sid: str, answers: list[Answer], model: str) -> 
                 "index": a.choice.index,
                 "text": a.choice.text,
                 "finish_reason": a.finish_reason,
-                "logprobs": None,
+                "logprobs": completion_logprobs(a, call.prompt_text) if logprobs else None,
             }
             for a in answers
         ],
@@ -110,12 +131,15 @@ def completion_body(call: Call, sid: str, answers: list[Answer], model: str) -> 
     }
 
 
-def completion_chunks(call: Call, sid: str, answers: list[Answer], model: str) -> Iterator[str]:
+def completion_chunks(
+    call: Call, sid: str, answers: list[Answer], model: str, logprobs: bool = False
+) -> Iterator[str]:
     head = {"id": call.call_id, "object": "text_completion", "created": int(time.time()), "model": model,
             "session_id": sid}  # fmt: skip
     for a in answers:
-        for text, finish in ((a.choice.text, None), ("", a.finish_reason)):
+        lp = completion_logprobs(a, call.prompt_text) if logprobs else None
+        for text, finish, lps in ((a.choice.text, None, lp), ("", a.finish_reason, None)):
             body = {**head, "choices": [{"index": a.choice.index, "text": text, "finish_reason": finish,
-                                         "logprobs": None}]}  # fmt: skip
+                                         "logprobs": lps}]}  # fmt: skip
             yield f"data: {json.dumps(body)}\n\n"
     yield "data: [DONE]\n\n"

@@ -138,12 +138,70 @@ async def test_completions_models_and_health(served):
         c async for c in await client.completions.create(model="p", prompt="the", max_tokens=2, stream=True)
     ]
     assert chunks[-1].choices[0].finish_reason in ("stop", "length")
-    assert "".join(c.choices[0].text for c in chunks) == chunks[0].choices[0].text
+    recorded = endpoint.backend.store.sessions[chunks[0].id].calls[0].choices[0].text
+    assert "".join(c.choices[0].text for c in chunks) == recorded
     models = await client.models.list()
     assert [m.id for m in models.data] == [endpoint.backend.model_name]
     async with httpx2.AsyncClient() as http:  # /health needs no token
         health = await http.get(endpoint.http.url.removesuffix("/v1") + "/health")
     assert health.json()["status"] == "ok" and health.json()["model_version"] == 0
+
+
+async def test_streams_send_text_as_it_is_sampled_and_top_logprobs_come_back(served):
+    endpoint, client, _, _ = served
+    store = endpoint.backend.store
+    for k in range(6):  # a prompt whose answer has several tokens (the random model may end early)
+        stream = await client.chat.completions.create(
+            model="p", messages=[{"role": "user", "content": f"tell me {k}"}], max_tokens=8, n=2,
+            temperature=1.0, stream=True, extra_headers={"X-Session-Id": f"live-{k}"},
+        )  # fmt: skip
+        deltas: dict[int, list[str]] = {0: [], 1: []}
+        async for chunk in stream:
+            for c in chunk.choices:
+                if c.delta.content:
+                    deltas[c.index].append(c.delta.content)
+        choices = store.sessions[f"live-{k}"].calls[0].choices
+        for c in choices:  # token by token, adding up to the recorded answer
+            assert "".join(deltas[c.index]) == c.text
+        if len(choices[0].token_ids) >= 4 and len(choices[0].text) >= 4:
+            assert len(deltas[0]) > 1
+            break
+    else:
+        raise AssertionError("no multi-token answer to stream")
+    chat = await client.chat.completions.create(
+        model="p", messages=[{"role": "user", "content": "hi"}], max_tokens=5, logprobs=True, top_logprobs=3
+    )
+    for entry in chat.choices[0].logprobs.content:
+        top = entry.top_logprobs
+        assert len(top) == 3 and [t.logprob for t in top] == sorted((t.logprob for t in top), reverse=True)
+        same = [t.logprob for t in top if t.token == entry.token]
+        assert not same or abs(same[0] - entry.logprob) < 1e-5
+    done = await client.completions.create(model="p", prompt="the answer", max_tokens=4, logprobs=2)
+    lp = done.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == done.usage.completion_tokens
+    assert all(len(t) <= 2 for t in lp.top_logprobs) and lp.text_offset[0] == len("the answer")
+
+
+async def test_a_client_leaving_mid_stream_does_not_break_the_batch(served):
+    endpoint, client, _, _ = served
+    store = endpoint.backend.store
+    msgs = [{"role": "user", "content": "a long story"}]
+    stream = await client.chat.completions.create(
+        model="p", messages=msgs, max_tokens=8, stream=True, extra_headers={"X-Session-Id": "gone"}
+    )
+    async for _chunk in stream:  # the role chunk, then leave
+        break
+    await stream.close()
+    other = await client.chat.completions.create(
+        model="p", messages=msgs, max_tokens=8, extra_headers={"X-Session-Id": "stays"}
+    )
+    assert other.usage.completion_tokens > 0
+    assert store.sessions["stays"].calls[0].choices[0].text == other.choices[0].message.content
+    for _ in range(100):  # the left call still finishes and is recorded as a whole answer
+        if "gone" in store.sessions:
+            break
+        await endpoint.backend.engines[0].generate([[1, 2]], endpoint.backend.sampling.replace(max_tokens=1))
+    assert len(store.sessions["gone"].calls[0].choices[0].token_ids) > 0
 
 
 async def test_errors_name_the_field_and_nothing_is_recorded(served):
@@ -153,7 +211,7 @@ async def test_errors_name_the_field_and_nothing_is_recorded(served):
         (dict(max_tokens=9), "max_tokens", "explorer.serve.max_tokens"),
         (dict(n=5), "n", "explorer.serve.max_n"),
         (dict(temperature=-1), "temperature", "greater than or equal"),
-        (dict(logprobs=True, top_logprobs=2), "top_logprobs", "sampled token"),
+        (dict(top_logprobs=2), "top_logprobs", "logprobs: true"),
         (dict(extra_body={"messages": [{"role": "wizard", "content": "x"}]}), "messages[0].role", "wizard"),
     ]
     for kwargs, param, words in cases:
