@@ -25,6 +25,9 @@ _WIDE = (torch.float32, torch.float64)
 class Bf16WireMethod(MemoryMethod):
     name = "memory_bf16"
 
+    def wire_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        return torch.bfloat16 if dtype in _WIDE else dtype
+
     def encode(self, state: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
         cast: dict[tuple, torch.Tensor] = {}  # tied weights stay one tensor (the codec sends it once)
