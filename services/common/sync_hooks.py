@@ -50,8 +50,9 @@ import grpc
 from rft.v1 import common_pb2, synchronizer_pb2
 
 from services.common.sync_client import RunFinished, SyncClient, SyncWaitTimeout
-from services.common.weight_sync import GroupBrokenError, GroupInfo, StaleGenerationError, TensorSpec
+from services.common.weight_sync import GroupBrokenError, StaleGenerationError, TensorSpec
 from services.common.weight_sync.method import Published, SyncMethod, WaitAnswer, sync_method
+from services.common.weight_sync.superseded import check_generation, join_unless_superseded
 
 
 class TrainerSyncHook:
@@ -62,7 +63,7 @@ class TrainerSyncHook:
         sync: Callable[[], Awaitable[Published]],
         *,
         specs: Callable[[], Awaitable[Sequence[TensorSpec]]] | None = None,
-        join_group: Callable[[GroupInfo, int], Awaitable[Any]] | None = None,
+        join_group: Callable[..., Awaitable[Any]] | None = None,
         snapshot: Callable[[], Awaitable[Any]] | None = None,
         pipeline_every: int = 0,
     ):
@@ -88,10 +89,16 @@ class TrainerSyncHook:
         self._specs_sent = True
 
     async def _join(self, generation: int) -> None:
+        """Join the generation the broadcast was accepted in (not a newer one: its members will not
+        come for this broadcast), giving up when the synchronizer moves past it while joining."""
         if generation != self.joined_generation:
-            assert self.join_group is not None
+            join_group = self.join_group
+            assert join_group is not None
             info, ranks = await self.client.get_weight_sync_info()
-            await self.join_group(info, ranks[0])
+            check_generation(info, generation, "the trainer")
+            await join_unless_superseded(
+                self.client, info, lambda abandon: join_group(info, ranks[0], abandon=abandon)
+            )
             self.joined_generation = info.generation
 
     async def after_step(self, step: int) -> Mapping[str, float]:

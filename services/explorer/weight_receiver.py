@@ -12,6 +12,7 @@ Joins and receives block in collectives, so they run in worker threads.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterable, Sequence
 from typing import Any
 
@@ -41,7 +42,9 @@ class WeightReceiver:
     def engines(self) -> Sequence[Any]:
         return self.core.engines
 
-    async def setup(self, info: GroupInfo, rank_offset: int) -> list[int]:
+    async def setup(
+        self, info: GroupInfo, rank_offset: int, abandon: threading.Event | None = None
+    ) -> list[int]:
         async with self._lock:
             await self._leave()
             ranks: list[int] = []
@@ -52,7 +55,9 @@ class WeightReceiver:
                     joins.append(engine.join_weight_group(info, next_rank))
                     next_rank += int(getattr(engine, "workers", 1))
                 else:
-                    joins.append(asyncio.to_thread(BroadcastGroup.join, info, next_rank, _device(engine)))
+                    joins.append(
+                        asyncio.to_thread(BroadcastGroup.join, info, next_rank, _device(engine), abandon)
+                    )
                     next_rank += 1
             results = await asyncio.gather(*joins)
             self._groups = []

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import threading
 import time
 
 from rft.v1 import common_pb2
@@ -136,13 +137,14 @@ class WeightSync:
         self.joined = info
         return 0
 
-    async def join(self, info: GroupInfo, rank: int = 0) -> int:
-        """Join (as rank 0) a group instance handed out by the synchronizer, leaving the previous one."""
+    async def join(self, info: GroupInfo, rank: int = 0, abandon: threading.Event | None = None) -> int:
+        """Join (as rank 0) a group instance handed out by the synchronizer, leaving the previous one
+        (given up with `StaleGenerationError` once `abandon` is set)."""
         self._ready()
         if rank != 0:
             raise InvalidRequest("rank", f"the trainer sends from rank 0, got {rank}")
         self.joined = None
-        await asyncio.to_thread(self.nccl.build_group, info, 0)
+        await asyncio.to_thread(self.nccl.build_group, info, 0, abandon)
         self.joined = self.offered = info
         self.generation = max(self.generation, info.generation)
         return 0

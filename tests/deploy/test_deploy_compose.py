@@ -90,6 +90,9 @@ def test_compose_stack_trains_scales_and_survives_kills(engine, images, name, tm
     stack.compose("down", "-v", "--remove-orphans")  # what a crashed earlier run may have left
     try:
         _run_scenario(stack, scenario, seen)
+    except BaseException:
+        stack.dump_logs(CACHE / f"failed-{name}")  # every container's whole log, for the post-mortem
+        raise
     finally:
         stack.compose("down", "-v", "--remove-orphans")
     left = stack.leftovers()

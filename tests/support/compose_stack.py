@@ -174,6 +174,13 @@ class Stack:
             )
         return "\n".join(parts)
 
+    def dump_logs(self, folder: Path) -> None:
+        """Write every container's whole log to `folder`/<name>.log."""
+        folder.mkdir(parents=True, exist_ok=True)
+        for cid in self.containers():
+            name = self.inspect(cid).get("Name", cid).strip("/")
+            (folder / f"{name}.log").write_text(self.logs(cid))
+
     def leftovers(self) -> dict[str, list[str]]:
         label = f"label=com.docker.compose.project={self.project}"
         found = {}

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
@@ -93,9 +94,16 @@ class BroadcastGroup:
         self._shm_owner: weakref.finalize | None = None  # the sender removes its file (also at exit)
 
     @classmethod
-    def join(cls, info: GroupInfo, rank: int, device: str | torch.device = "cpu") -> BroadcastGroup:
-        """Join (rank 0: host) the group; blocks until all `world_size` members arrived or `timeout_s`."""
-        return cls(Connection.open(info, rank, device))
+    def join(
+        cls,
+        info: GroupInfo,
+        rank: int,
+        device: str | torch.device = "cpu",
+        abandon: threading.Event | None = None,
+    ) -> BroadcastGroup:
+        """Join (rank 0: host) the group; blocks until all `world_size` members arrived or `timeout_s`
+        (or `abandon` is set: `StaleGenerationError`)."""
+        return cls(Connection.open(info, rank, device, abandon))
 
     @property
     def rank(self) -> int:

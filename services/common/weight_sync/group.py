@@ -19,6 +19,8 @@ others raise `GroupBrokenError`, never hang. The transfer protocol itself is in 
 from __future__ import annotations
 
 import socket
+import threading
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -118,15 +120,64 @@ def listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def open_store(info: GroupInfo, rank: int, timeout: timedelta) -> dist.TCPStore:
+JOIN_SLICE_S = 0.5  # a joining member looks at `abandon` at least this often
+
+
+def _check_abandon(abandon: threading.Event | None, info: GroupInfo, rank: int, doing: str) -> None:
+    if abandon is not None and abandon.is_set():
+        raise StaleGenerationError(
+            f"rank {rank} gave up joining {info.group_name} generation {info.generation} while {doing}: "
+            "the synchronizer moved to a newer generation"
+        )
+
+
+def _await_listener(info: GroupInfo, rank: int, deadline: float, abandon: threading.Event | None) -> None:
+    """Wait (quietly: a plain TCP probe, not TCPStore's logged retries) until rank 0 hosts the store;
+    past `deadline` the TCPStore connect that follows reports the failure."""
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((info.master_address, info.master_port), timeout=JOIN_SLICE_S).close()
+            return
+        except OSError:
+            pass
+        _check_abandon(abandon, info, rank, "connecting to its store")
+        pause = min(JOIN_SLICE_S / 5, max(0.0, deadline - time.monotonic()))
+        if abandon is not None:
+            abandon.wait(pause)
+        else:
+            time.sleep(pause)  # ok-sleep: retry interval of a connect with a deadline
+
+
+def await_members(
+    store, info: GroupInfo, rank: int, deadline: float, abandon: threading.Event | None
+) -> None:
+    """Wait until every rank has registered under `rank{r}` in `store` (bounded, abandonable)."""
+    keys = [f"rank{r}" for r in range(info.world_size)]
+    while True:
+        try:
+            store.wait(keys, timedelta(seconds=max(0.05, min(JOIN_SLICE_S, deadline - time.monotonic()))))
+            return
+        except RuntimeError as exc:  # DistStoreError on a timed-out wait; a dead host raises too
+            if "timeout" not in str(exc).lower() or time.monotonic() >= deadline:
+                raise
+        _check_abandon(abandon, info, rank, "waiting for the other members")
+
+
+def open_store(
+    info: GroupInfo, rank: int, timeout: timedelta, abandon: threading.Event | None = None
+) -> dist.TCPStore:
     """The group's TCPStore: rank 0 hosts it, the others connect to `master_address:master_port`.
 
     Rank 0 listens on `master_address` only. Given a port, TCPStore itself binds every interface
     (`::`) whatever host it is told, which would open an unauthenticated key-value store (and the
     rendezvous of the group) to the whole network; so rank 0 binds the socket here and hands it over
-    (`master_listen_fd`, which the libuv server adopts and closes with the store)."""
+    (`master_listen_fd`, which the libuv server adopts and closes with the store).
+
+    The others connect in short attempts until `timeout`, giving up at once when `abandon` is set
+    (the instance was superseded: its host may never come)."""
     common = {"world_size": info.world_size, "timeout": timeout, "wait_for_workers": False}
     if rank != 0:
+        _await_listener(info, rank, time.monotonic() + timeout.total_seconds(), abandon)
         return dist.TCPStore(info.master_address, info.master_port, is_master=False, **common)
     sock = listening_socket(info.master_address, info.master_port)
     port = sock.getsockname()[1]
@@ -149,7 +200,16 @@ class Connection:
         self.broken: str | None = None
 
     @classmethod
-    def open(cls, info: GroupInfo, rank: int, device: str | torch.device = "cpu") -> Connection:
+    def open(
+        cls,
+        info: GroupInfo,
+        rank: int,
+        device: str | torch.device = "cpu",
+        abandon: threading.Event | None = None,
+    ) -> Connection:
+        """Join as `rank`: the store, then a wait until every member arrived (bounded by the group's
+        timeout; given `abandon`, given up with `StaleGenerationError` once it is set), then the
+        process group (fast once everyone is there)."""
         if not 0 <= rank < info.world_size:
             raise ValueError(f"rank {rank} is outside world_size {info.world_size}")
         dev = torch.device(device)
@@ -162,8 +222,9 @@ class Connection:
             dev = torch.device("cpu")
         timeout = timedelta(seconds=info.timeout_s)
         where = f"{info.group_name} generation {info.generation} at {info.master_address}:{info.master_port}"
+        deadline = time.monotonic() + info.timeout_s
         try:
-            store = open_store(info, rank, timeout)
+            store = open_store(info, rank, timeout, abandon)
             gen_key = f"{info.group_name}/generation"
             if rank == 0:
                 store.set(gen_key, str(info.generation))
@@ -177,6 +238,7 @@ class Connection:
             prefix = dist.PrefixStore(f"{info.group_name}/g{info.generation}", store)
             if prefix.add(f"rank{rank}", 1) != 1:
                 raise WeightSyncError(f"rank {rank} joined {where} twice")
+            await_members(prefix, info, rank, deadline, abandon)
             if backend == "nccl":
                 opts = dist.ProcessGroupNCCL.Options()
                 opts._timeout = timeout

@@ -30,6 +30,7 @@ from services.common.weight_sync.method import (
     SyncMethod,
     WaitAnswer,
 )
+from services.common.weight_sync.superseded import check_generation, join_unless_superseded
 from services.common.weight_sync.transport import Delivery, make_transport
 
 __all__ = [
@@ -166,7 +167,10 @@ class BroadcastFetch:
             raise WeightSyncError("nccl weights arrive only by broadcast; none is pending")
         if answer.generation != self.joined_generation:
             info, ranks = await self.client.get_weight_sync_info()
-            await self.setup(info, ranks[0])
+            check_generation(info, answer.generation, "this explorer")
+            await join_unless_superseded(
+                self.client, info, lambda abandon: self.setup(info, ranks[0], abandon=abandon)
+            )
             self.joined_generation = info.generation
         version = int(answer.model_version.version)
         try:

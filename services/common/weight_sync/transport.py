@@ -17,6 +17,7 @@ Plug-ins register a class with `WEIGHT_TRANSPORTS.register("name")` or are given
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -118,11 +119,11 @@ class NcclTransport:
             bucket_bytes=o.bucket_bytes,
         )
 
-    def build_group(self, info: GroupInfo | None, rank: int) -> None:
+    def build_group(self, info: GroupInfo | None, rank: int, abandon: threading.Event | None = None) -> None:
         if info is None:
             raise WeightSyncError("the nccl method needs a GroupInfo (from the sender's prepare)")
         self.finalize()
-        self.group = BroadcastGroup.join(info, rank, self.options.device)
+        self.group = BroadcastGroup.join(info, rank, self.options.device, abandon)
 
     def _joined(self) -> BroadcastGroup:
         if self.group is None:

@@ -1,5 +1,6 @@
 """The nccl method's rendezvous over a real synchronizer server, used by a real gloo broadcast among
-three local processes (trainer rank 0 + two explorers), and the recovery when a receiver dies."""
+three local processes (trainer rank 0 + two explorers), the recovery when a receiver dies, and joins
+that give up on an instance that can no longer form (its host was killed, the group changed)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import asyncio
 
 import pytest
 
-from services.common.weight_sync import specs_of
+from services.common.weight_sync import BroadcastGroup, StaleGenerationError, specs_of
+from services.common.weight_sync.methods import BroadcastFetch
 from tests.support.weight_sync_worker import Worker, digest, make_state_dict
 
 
@@ -99,3 +101,54 @@ async def test_synchronizer_nccl_member_dies_mid_broadcast_new_generation(sync_s
     finally:
         for w in pool:
             w.stop()
+
+
+async def test_a_join_whose_host_was_killed_gives_up_when_the_trainer_registers_again(
+    sync_server, sync_clients
+):
+    """The trainer is killed after its broadcast was accepted and before it hosted the group: the told
+    explorer's join of that generation gives up as soon as the restarted trainer registers (a new
+    generation), instead of waiting out `sync_timeout` (10 minutes here) for a host that never comes."""
+    core, address = await sync_server(method="nccl", sync_timeout=600)
+    trainer = await sync_clients(address, "trainer", "trainer", address="127.0.0.1:0")
+    e1 = await sync_clients(address, "e1", "explorer")
+    await trainer.get_weight_sync_info(specs_of(make_state_dict(3)))
+    wait = asyncio.create_task(e1.wait_for_version(step=2, timeout_s=20))
+    decision = await trainer.request_sync(step=1, timeout_s=20)
+    answer = await wait
+    assert decision.accepted and answer.receive_broadcast and answer.generation == decision.generation
+
+    joining = asyncio.Event()
+
+    async def setup(info, rank, abandon=None):
+        joining.set()
+        return await asyncio.to_thread(BroadcastGroup.join, info, rank, "cpu", abandon)
+
+    async def receive(version):
+        raise AssertionError("nothing can be received from a group that never formed")
+
+    fetch = asyncio.create_task(BroadcastFetch(e1, setup, receive)(answer))
+    await joining.wait()  # e1 is joining the generation of the accepted broadcast; its host is dead
+    restarted = await sync_clients(address, "trainer", "trainer", address="127.0.0.1:0")
+    assert (await restarted.get_run_state()).generation > decision.generation
+    with pytest.raises(StaleGenerationError, match="newer generation"):
+        await asyncio.wait_for(fetch, 60)
+
+
+async def test_an_explorer_never_joins_a_generation_other_than_the_announced_one(sync_server, sync_clients):
+    """A rebuild between the announcement and the join (an explorer registered): the told explorer
+    refuses the newer instance at once; nobody would come to it for this broadcast."""
+    core, address = await sync_server(method="nccl", sync_timeout=600)
+    trainer = await sync_clients(address, "trainer", "trainer", address="127.0.0.1:0")
+    e1 = await sync_clients(address, "e1", "explorer")
+    await trainer.get_weight_sync_info(specs_of(make_state_dict(3)))
+    wait = asyncio.create_task(e1.wait_for_version(step=2, timeout_s=20))
+    await trainer.request_sync(step=1, timeout_s=20)
+    answer = await wait
+    await sync_clients(address, "e2", "explorer")  # a new member: generation + 1
+
+    async def setup(info, rank, abandon=None):
+        raise AssertionError(f"joined generation {info.generation}, told {answer.generation}")
+
+    with pytest.raises(StaleGenerationError, match=f"told to join generation {answer.generation}"):
+        await BroadcastFetch(e1, setup, setup)(answer)

@@ -1,0 +1,68 @@
+"""Join a broadcast-group instance while watching the synchronizer: give up once it is superseded.
+
+A member joins generation G of the group when the synchronizer tells it to (a broadcast is about to
+start). If G can no longer complete - its host (the trainer, rank 0) was killed before hosting it,
+or a member died before arriving - the synchronizer moves to G + 1 (the trainer registers again, a
+member is reported or marked lost). A join blocked on G would otherwise wait for the group's whole
+timeout (`synchronizer.sync_timeout`, an hour by default) and hold the run up with it.
+
+`join_unless_superseded(client, info, join)` runs `join(abandon)` (which does the blocking join in a
+worker thread and checks the `threading.Event` between short waits, `group.Connection.open`) and,
+while it runs, heartbeats the synchronizer every `poll_s`; when the announced generation is no
+longer `info.generation` it sets `abandon`, and the join raises `StaleGenerationError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from services.common.weight_sync.errors import StaleGenerationError
+from services.common.weight_sync.group import GroupInfo
+
+POLL_S = 1.0
+
+
+class GenerationSource(Protocol):
+    """What the watch needs of `services.common.sync_client.SyncClient`."""
+
+    generation: int
+
+    async def heartbeat(self) -> Any: ...
+
+
+def check_generation(info: GroupInfo, told: int, who: str) -> None:
+    """Refuse to join an instance other than the one the broadcast was announced in: the group
+    changed in between, and nobody else will join this one for that broadcast."""
+    if told and info.generation != told:
+        raise StaleGenerationError(
+            f"{who} was told to join generation {told} of the weight-sync group, and the synchronizer "
+            f"now hands out generation {info.generation}: the group changed; ask again"
+        )
+
+
+async def join_unless_superseded(
+    client: GenerationSource,
+    info: GroupInfo,
+    join: Callable[[threading.Event], Awaitable[Any]],
+    poll_s: float = POLL_S,
+) -> Any:
+    abandon = threading.Event()
+    task = asyncio.ensure_future(join(abandon))
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=poll_s)
+            if done:
+                return task.result()
+            try:
+                await client.heartbeat()
+            except Exception:  # noqa: BLE001 - the synchronizer is away: the join's own timeout bounds it
+                continue
+            if client.generation != info.generation:
+                abandon.set()
+    finally:
+        if not task.done():  # cancelled: the worker thread stops at its next check
+            abandon.set()
+            await asyncio.gather(task, return_exceptions=True)
