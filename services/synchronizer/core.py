@@ -304,6 +304,16 @@ class SynchronizerCore:
             return SyncDecision(
                 False, self.published, reason=f"explorers {missing} not ready within {timeout:g}s"
             )
+        except asyncio.CancelledError:
+            # the trainer's call went away (it was killed mid-handshake): nobody will host this
+            # broadcast's group, so the explorers already told to join it are sent to a new generation
+            if self._broadcast is b:
+                self._broadcast, m.status = None, MemberStatus.RUNNING
+                self._record("abandoned", m.member_id, version, detail=f"told: {sorted(b.told)}")
+                if b.told:
+                    self._rebuild("the trainer left the handshake")
+                self._cond.notify_all()
+            raise
         if self._broadcast is not b:
             m.status = MemberStatus.RUNNING
             return SyncDecision(False, self.published, reason="the group changed before the broadcast began")

@@ -63,7 +63,7 @@ class Member:
 class Event:
     """One entry of the core's history (tests read the interleaving from it)."""
 
-    kind: str  # register, publish, wait, ready, receive, reported, lost, left, generation, timeout
+    kind: str  # register, publish, wait, ready, receive, reported, lost, left, generation, timeout, abandoned
     member_id: str = ""
     version: int = 0
     step: int = 0

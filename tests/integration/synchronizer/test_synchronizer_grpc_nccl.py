@@ -152,3 +152,24 @@ async def test_an_explorer_never_joins_a_generation_other_than_the_announced_one
 
     with pytest.raises(StaleGenerationError, match=f"told to join generation {answer.generation}"):
         await BroadcastFetch(e1, setup, setup)(answer)
+
+
+async def test_a_trainer_gone_mid_handshake_sends_the_told_explorers_to_a_new_generation(
+    sync_server, sync_clients
+):
+    """The trainer's connection closes while its RequestSync waits for e2 (as when it is killed): the
+    server drops the broadcast and starts a new generation, so e1, told to join, gives up on it."""
+    core, address = await sync_server(method="nccl", sync_timeout=600)
+    trainer = await sync_clients(address, "trainer", "trainer", address="127.0.0.1:0")
+    e1 = await sync_clients(address, "e1", "explorer")
+    await sync_clients(address, "e2", "explorer")
+    await trainer.get_weight_sync_info(specs_of(make_state_dict(3)))
+    gen = core.rendezvous.generation
+    wait = asyncio.create_task(e1.wait_for_version(step=2, timeout_s=20))
+    handshake = asyncio.create_task(trainer.request_sync(step=1, timeout_s=600))
+    assert (await wait).receive_broadcast  # e1 is told; e2 never comes, so the trainer waits
+    await trainer.channel.close()  # the trainer's process is gone
+    await asyncio.gather(handshake, return_exceptions=True)
+    await core.wait_until(lambda: core.rendezvous.generation > gen, 20)
+    assert core.run_state().pending_version == 0
+    assert any(e.kind == "abandoned" for e in core.history)

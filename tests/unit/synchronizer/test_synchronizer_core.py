@@ -280,6 +280,29 @@ async def test_synchronizer_failed_broadcast_rebuilds_and_nothing_is_published()
     assert core.published.version == 0 and core.rendezvous.generation > gen
 
 
+async def test_synchronizer_a_handshake_whose_trainer_went_away_starts_a_new_generation():
+    """The trainer's RequestSync is cancelled (the trainer was killed) after e1 was told to join the
+    broadcast and before e2 came: nobody will host that group, so the broadcast is dropped and a new
+    generation sends e1 (joining) elsewhere; e2 is not told to join the dead broadcast."""
+    core = core_of(method="nccl")
+    await core.register("trainer", Role.TRAINER)
+    for e in ("e1", "e2"):
+        await core.register(e, Role.EXPLORER)
+    await core.group_info("trainer", SPECS)
+    gen = core.rendezvous.generation
+    w1 = asyncio.create_task(core.wait_for_version("e1", step=2, timeout=10))
+    await core.wait_until(lambda: core.members["e1"].status == MemberStatus.REQUIRE_SYNC, 5)
+    decision = asyncio.create_task(core.request_sync("trainer", 1, timeout=10))
+    assert (await asyncio.wait_for(w1, 5)).receive_broadcast
+    decision.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await decision
+    assert core.rendezvous.generation > gen and core.run_state().pending_version == 0
+    assert core.members["trainer"].status == MemberStatus.RUNNING
+    a2 = await core.wait_for_version("e2", step=1, timeout=5)
+    assert not a2.receive_broadcast and not a2.timed_out
+
+
 async def test_synchronizer_waits_time_out_cleanly():
     core = core_of(method="nccl")
     await core.register("trainer", Role.TRAINER)
