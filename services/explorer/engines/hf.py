@@ -116,11 +116,11 @@ class HFEngine:
         prompts: Sequence[Sequence[int]],
         params: SamplingParams | Sequence[SamplingParams],
         *,
-        on_token: Callable[[int, int, int, float], None] | None = None,
+        on_token: Callable[..., None] | None = None,
         top_logprobs: int = 0,
     ) -> list[list[GenerationOutput]]:
-        """`on_token(prompt_index, choice_index, token_id, logprob)` is called from the generating thread
-        as each token is sampled; `top_logprobs` > 0 fills `GenerationOutput.top_logprobs`."""
+        """`on_token(prompt_index, choice_index, token_id, logprob, top)` is called from the generating
+        thread as each token is sampled (`top`: its top-k (id, log-prob) when asked, else None); `top_logprobs` > 0 fills `GenerationOutput.top_logprobs`."""
         rows, counts = _expand(prompts, per_prompt_params(prompts, params), on_token, top_logprobs)
         if not rows:
             return []
@@ -191,7 +191,7 @@ class HFEngine:
 def _expand(
     prompts: Sequence[Sequence[int]],
     params: Sequence[SamplingParams],
-    on_token: Callable[[int, int, int, float], None] | None = None,
+    on_token: Callable[..., None] | None = None,
     top_logprobs: int = 0,
 ) -> tuple[list[Row], list[int]]:
     rows: list[Row] = []
@@ -204,11 +204,11 @@ def _expand(
 
 
 def _bind(
-    on_token: Callable[[int, int, int, float], None] | None, prompt: int, choice: int
+    on_token: Callable[..., None] | None, prompt: int, choice: int
 ) -> Callable[[int, float], None] | None:
     if on_token is None:
         return None
-    return lambda token, logprob: on_token(prompt, choice, token, logprob)
+    return lambda token, logprob, top=None: on_token(prompt, choice, token, logprob, top)
 
 
 def _regroup(outputs: list[GenerationOutput], counts: list[int]) -> list[list[GenerationOutput]]:

@@ -27,13 +27,13 @@ from services.explorer.engines.sampling import RowParams, apply_repetition_penal
 class Row:
     """One sample to generate: prompt token ids and its sampling arguments.
 
-    `on_token(token_id, logprob)`, when set, is called from the generating thread after each step in
-    which this row sampled a token (streaming). `top_logprobs` > 0 records, per sampled token, the k
+    `on_token(token_id, logprob, top)`, when set, is called from the generating thread after each step
+    in which this row sampled a token (streaming); `top` is that token's top-k list (below) or None. `top_logprobs` > 0 records, per sampled token, the k
     most likely tokens of the same sampling distribution (`GenerationOutput.top_logprobs`)."""
 
     prompt: list[int]
     params: SamplingParams
-    on_token: Callable[[int, float], None] | None = None
+    on_token: Callable[[int, float, list[tuple[int, float]] | None], None] | None = None
     top_logprobs: int = 0
 
 
@@ -140,7 +140,7 @@ class HFGenerator:
             if top_k:
                 self._record_top(dist, active, top_k, k_max, top_rec)
             if callbacks:
-                self._call_back(callbacks, active, tok, lp)
+                self._call_back(callbacks, active, tok, lp, top_rec)
             if seen is not None:
                 seen[active, tok] = True
             tokens[active, t] = tok
@@ -191,15 +191,16 @@ class HFGenerator:
 
     @staticmethod
     def _call_back(
-        callbacks: dict[int, Callable[[int, float], None]],
+        callbacks: dict[int, Callable[[int, float, list[tuple[int, float]] | None], None]],
         active: torch.Tensor,
         tok: torch.Tensor,
         lp: torch.Tensor,
+        top_rec: dict[int, list[list[tuple[int, float]]]],
     ) -> None:
         for row, t, x in zip(active.tolist(), tok.tolist(), lp.tolist(), strict=True):
             fn = callbacks.get(row)
             if fn is not None:
-                fn(t, x)
+                fn(t, x, top_rec[row][-1] if row in top_rec else None)
 
     def _repetition_state(
         self, rows: Sequence[Row], params: Sequence[SamplingParams], device: torch.device

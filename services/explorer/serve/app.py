@@ -10,8 +10,9 @@
 
 A streamed answer (`stream: true`) is sent token by token as it is sampled (serve/streaming.py) when
 the engine reports tokens as they come (`hf`): the role, content deltas, the finish reason per choice,
-`[DONE]`. With `tools` (tool calls are parsed from the whole answer), `logprobs`, or an engine that
-samples whole sequences (vLLM here), the answer is sampled whole first and then sent as such chunks.
+`[DONE]`; with `logprobs`, each delta carries its tokens' log-probs (and top k). With `tools` (tool
+calls are parsed from the whole answer) or an engine that samples whole sequences (vLLM here), the
+answer is sampled whole first and then sent as such chunks.
 `logprobs: true, top_logprobs: k` (chat) and `logprobs: k` (completions) report the k most likely
 tokens of the distribution each token was sampled from (`hf`).
 
@@ -75,6 +76,15 @@ async def _parse(request: Request, model: type[BaseModel], max_bytes: int) -> An
         raise ServeError(400, f"{where}: {err['msg']}", where, err["type"]) from None
 
 
+def _streamed_logprobs(req: Any, chat: bool) -> Any:
+    """How a token-by-token stream renders its deltas' log-probs (None: not asked for)."""
+    if chat:
+        return (lambda _choice, items: responses.chat_logprobs(items)) if req.logprobs else None
+    if req.logprobs is None:
+        return None
+    return responses.StreamedCompletionLogprobs(req.prompt if isinstance(req.prompt, str) else req.prompt[0])
+
+
 def _session(request: Request, body: Any) -> str | None:
     sid = request.headers.get("x-session-id") or body.user or (body.metadata or {}).get("session_id")
     if sid is not None and not 0 < len(sid) <= 256:
@@ -125,8 +135,10 @@ def build_app(backend: ServeBackend, auth_token: str | None = None) -> FastAPI:
             call, sid, answers = await run(req, sid)
             name = backend.model_name
             if chat:
-                return _answer(responses.chat_chunks(call, sid, answers, name, False, usage), sid, True)
-            return _answer(responses.completion_chunks(call, sid, answers, name), sid, True)
+                chunks = responses.chat_chunks(call, sid, answers, name, bool(req.logprobs), usage)
+            else:
+                chunks = responses.completion_chunks(call, sid, answers, name, req.logprobs is not None)
+            return _answer(chunks, sid, True)
         call_id = f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}"
         sid = sid or call_id
         feed = streaming.TokenFeed()
@@ -136,7 +148,9 @@ def build_app(backend: ServeBackend, auth_token: str | None = None) -> FastAPI:
         decoders = [streaming.IncrementalDecoder(backend.tokenizer, stops) for _ in range(req.n)]
         head = {"id": call_id, "object": "chat.completion.chunk" if chat else "text_completion",
                 "model": backend.model_name, "session_id": sid}  # fmt: skip
-        return _answer(streaming.live_chunks(feed, task, first, decoders, head, chat, usage), sid, True)
+        lp = _streamed_logprobs(req, chat)
+        chunks = streaming.live_chunks(feed, task, first, decoders, head, chat, usage, lp)
+        return _answer(chunks, sid, True)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -152,7 +166,7 @@ def build_app(backend: ServeBackend, auth_token: str | None = None) -> FastAPI:
         req = await _parse(request, ChatRequest, cfg.max_body_bytes)
         check_chat(req, cfg.max_n)
         usage = bool((req.stream_options or {}).get("include_usage"))
-        if req.stream and not req.logprobs and not (req.tools and req.tool_choice != "none"):
+        if req.stream and not (req.tools and req.tool_choice != "none"):
             return await _live(request, req, True, usage)
         call, sid, answers = await backend.chat(req, _session(request, req))
         name = backend.model_name
@@ -167,7 +181,7 @@ def build_app(backend: ServeBackend, auth_token: str | None = None) -> FastAPI:
             raise ServeError(
                 400, f"n: {req.n} is above this server's limit {cfg.max_n} (explorer.serve.max_n)", "n"
             )
-        if req.stream and req.logprobs is None:
+        if req.stream:
             return await _live(request, req, False, False)
         call, sid, answers = await backend.complete(req, _session(request, req))
         lp, name = req.logprobs is not None, backend.model_name

@@ -142,7 +142,7 @@ class ServeBackend:
     # ------------------------------------------------------------------ sampling
     async def _sample(
         self, model: ModelWrapper, prompt_ids: list[int], req: Any, room: int,
-        on_token: Callable[[int, int, int, float], None] | None = None, top_logprobs: int = 0,
+        on_token: Callable[..., None] | None = None, top_logprobs: int = 0,
     ) -> tuple[list[Choice], list[Any]]:  # fmt: skip
         limit = token_limit(req, self.cfg.max_tokens)
         params = self.sampling.replace(
@@ -199,7 +199,7 @@ class ServeBackend:
         call_id: str | None = None,
     ) -> tuple[Call, str, list[Answer]]:  # fmt: skip
         """(the recorded call, its session id, the answers). Nothing is recorded when it fails.
-        `on_token(prompt, choice, token_id, logprob)` sees tokens as they are sampled (streaming)."""
+        `on_token(prompt, choice, token_id, logprob, top)` sees tokens as they are sampled (streaming)."""
         call_id = call_id or f"chatcmpl-{secrets.token_hex(12)}"
         sid = session_id or call_id
         self.store.check_open(sid)

@@ -22,8 +22,17 @@ def _usage(call: Call) -> dict[str, int]:
     }
 
 
-def _logprobs(a: Answer) -> dict[str, Any]:
-    tops = a.top or [[] for _ in a.tokens]
+# One sampled token as the log-probs show it: its text, its log-prob, its top k (text, log-prob) or None.
+Entry = tuple[str, float, list[tuple[str, float]] | None]
+
+
+def entries(a: Answer) -> list[Entry]:
+    tops = a.top or [None] * len(a.tokens)
+    return list(zip(a.tokens, a.choice.logprobs, tops, strict=True))
+
+
+def chat_logprobs(items: list[Entry]) -> dict[str, Any]:
+    """OpenAI chat `logprobs`: per token its text, log-prob, bytes and top k."""
     return {
         "content": [
             {
@@ -31,24 +40,47 @@ def _logprobs(a: Answer) -> dict[str, Any]:
                 "logprob": lp,
                 "bytes": list(t.encode("utf-8")),
                 "top_logprobs": [
-                    {"token": s, "logprob": x, "bytes": list(s.encode("utf-8"))} for s, x in top
+                    {"token": s, "logprob": x, "bytes": list(s.encode("utf-8"))} for s, x in top or []
                 ],
             }
-            for t, lp, top in zip(a.tokens, a.choice.logprobs, tops, strict=True)
+            for t, lp, top in items
         ],  # fmt: skip
         "refusal": None,
     }
 
 
-def completion_logprobs(a: Answer, prompt: str) -> dict[str, Any]:
-    """OpenAI's legacy completions `logprobs`: tokens, their log-probs, the top k per token, offsets."""
-    offsets, at = [], len(prompt)
-    for t in a.tokens:
+def _logprobs(a: Answer) -> dict[str, Any]:
+    return chat_logprobs(entries(a))
+
+
+def completion_entries(items: list[Entry], offset: int) -> dict[str, Any]:
+    """OpenAI's legacy completions `logprobs` of `items`, the first at text offset `offset`."""
+    offsets, at = [], offset
+    for t, _, _ in items:
         offsets.append(at)
         at += len(t)
-    tops = [dict(top) for top in a.top] if a.top is not None else None
-    return {"tokens": a.tokens, "token_logprobs": a.choice.logprobs, "top_logprobs": tops,
-            "text_offset": offsets}  # fmt: skip
+    tops = None if all(top is None for _, _, top in items) else [dict(top or []) for _, _, top in items]
+    return {"tokens": [t for t, _, _ in items], "token_logprobs": [lp for _, lp, _ in items],
+            "top_logprobs": tops, "text_offset": offsets}  # fmt: skip
+
+
+def completion_logprobs(a: Answer, prompt: str) -> dict[str, Any]:
+    """OpenAI's legacy completions `logprobs`: tokens, their log-probs, the top k per token, offsets."""
+    return completion_entries(entries(a), len(prompt))
+
+
+class StreamedCompletionLogprobs:
+    """`completion_entries` chunk by chunk for a streamed completion: each choice's text offsets run
+    on from the prompt's end."""
+
+    def __init__(self, prompt: str):
+        self.start = len(prompt)
+        self.at: dict[int, int] = {}
+
+    def __call__(self, choice: int, items: list[Entry]) -> dict[str, Any]:
+        at = self.at.get(choice, self.start)
+        self.at[choice] = at + sum(len(t) for t, _, _ in items)
+        return completion_entries(items, at)
 
 
 def _message(a: Answer) -> dict[str, Any]:

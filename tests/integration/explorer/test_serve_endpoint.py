@@ -182,6 +182,47 @@ async def test_streams_send_text_as_it_is_sampled_and_top_logprobs_come_back(ser
     assert all(len(t) <= 2 for t in lp.top_logprobs) and lp.text_offset[0] == len("the answer")
 
 
+async def test_streamed_log_probs_come_token_by_token_and_add_up_to_the_answer(served):
+    """`stream` with `logprobs` (+ `top_logprobs`) is still token by token: each delta carries its own
+    tokens' log-probs, and all of them together are the recorded answer's, in order."""
+    endpoint, client, _, _ = served
+    store = endpoint.backend.store
+    for k in range(6):
+        sid = f"lp-live-{k}"
+        stream = await client.chat.completions.create(
+            model="p", messages=[{"role": "user", "content": f"count {k}"}], max_tokens=8, temperature=1.0,
+            stream=True, logprobs=True, top_logprobs=2, extra_headers={"X-Session-Id": sid},
+        )  # fmt: skip
+        with_content, entries = 0, []
+        async for chunk in stream:
+            for c in chunk.choices:
+                if c.logprobs is not None and c.logprobs.content:
+                    entries += c.logprobs.content
+                    with_content += 1
+        recorded = store.sessions[sid].calls[0].choices[0]
+        assert [e.logprob for e in entries] == pytest.approx(recorded.logprobs, abs=1e-6)
+        assert all(len(e.top_logprobs) == 2 for e in entries)
+        if len(recorded.token_ids) >= 4 and len(recorded.text) >= 4:
+            assert with_content > 1  # more than one delta carried log-probs: not sent whole
+            break
+    else:
+        raise AssertionError("no multi-token answer to stream")
+    stream = await client.completions.create(
+        model="p", prompt="the answer", max_tokens=6, logprobs=1, stream=True,
+        extra_headers={"X-Session-Id": "lp-live-completion"},
+    )  # fmt: skip
+    tokens, offsets, lps = [], [], []
+    async for chunk in stream:
+        lp = chunk.choices[0].logprobs if chunk.choices else None
+        if lp is not None:
+            tokens += lp.tokens
+            offsets += lp.text_offset
+            lps += lp.token_logprobs
+    recorded = store.sessions["lp-live-completion"].calls[0].choices[0]
+    assert lps == pytest.approx(recorded.logprobs, abs=1e-6)
+    assert offsets == [len("the answer") + len("".join(tokens[:j])) for j in range(len(tokens))]
+
+
 async def test_a_client_leaving_mid_stream_does_not_break_the_batch(served):
     endpoint, client, _, _ = served
     store = endpoint.backend.store

@@ -21,16 +21,24 @@ async def _generate(engine, params, **kwargs):
 async def test_streamed_tokens_are_the_final_tokens_and_the_callback_changes_nothing(hf_engine):
     params = sampling(temperature=0.9, top_p=0.95, max_tokens=12, n=2, ignore_eos=True)
     plain = await _generate(hf_engine, params)
-    seen: dict[tuple[int, int], list[tuple[int, float]]] = {}
+    seen: dict[tuple[int, int], list[tuple[int, float, object]]] = {}
     streamed = await _generate(
-        hf_engine, params, on_token=lambda p, c, t, lp: seen.setdefault((p, c), []).append((t, lp))
+        hf_engine, params, on_token=lambda p, c, t, lp, top: seen.setdefault((p, c), []).append((t, lp, top))
     )
     for p, (a_group, b_group) in enumerate(zip(plain, streamed, strict=True)):
         for c, (a, b) in enumerate(zip(a_group, b_group, strict=True)):
             assert a.token_ids == b.token_ids and torch.equal(a.logprobs, b.logprobs) and a.text == b.text
-            assert [t for t, _ in seen[(p, c)]] == b.token_ids
-            assert torch.allclose(torch.tensor([x for _, x in seen[(p, c)]]), b.logprobs)
-            assert a.top_logprobs is None
+            assert [t for t, _, _ in seen[(p, c)]] == b.token_ids
+            assert torch.allclose(torch.tensor([x for _, x, _ in seen[(p, c)]]), b.logprobs)
+            assert a.top_logprobs is None and all(top is None for _, _, top in seen[(p, c)])
+    tops: dict[tuple[int, int], list] = {}
+    asked = await _generate(
+        hf_engine, params, top_logprobs=3,
+        on_token=lambda p, c, t, lp, top: tops.setdefault((p, c), []).append(top),
+    )  # fmt: skip
+    for p, group in enumerate(asked):  # the streamed top k of each token is the recorded one
+        for c, out in enumerate(group):
+            assert tops[(p, c)] == out.top_logprobs
 
 
 async def test_top_logprobs_are_sorted_k_entries_that_agree_with_the_sampled_token(hf_engine):
