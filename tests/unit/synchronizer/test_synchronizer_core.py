@@ -22,6 +22,16 @@ def core_of(method="checkpoint", style="fixed", interval=1, offset=0, **kw) -> S
     return SynchronizerCore(SynchronizerSettings(method=method, plan=SyncPlan(style, interval, offset), **kw))
 
 
+async def nccl_core(*explorers: str) -> SynchronizerCore:
+    """An nccl core with the trainer and `explorers` registered and the trainer's specs handed over."""
+    core = core_of(method="nccl")
+    await core.register("trainer", Role.TRAINER)
+    for e in explorers:
+        await core.register(e, Role.EXPLORER)
+    await core.group_info("trainer", SPECS)
+    return core
+
+
 class Turns:
     """Explicit turns for the pipeline's two loops: the explorer, then the trainer, round after round.
 
@@ -243,11 +253,7 @@ async def test_synchronizer_explorer_join_and_leave_bump_generation_and_ranks():
 
 
 async def test_synchronizer_nccl_handshake_waits_for_every_explorer():
-    core = core_of(method="nccl")
-    await core.register("trainer", Role.TRAINER)
-    for e in ("e1", "e2"):
-        await core.register(e, Role.EXPLORER)
-    await core.group_info("trainer", SPECS)
+    core = await nccl_core("e1", "e2")
     gen = core.rendezvous.generation
     w1 = asyncio.create_task(core.wait_for_version("e1", step=2, timeout=10))  # needs version 1
     await core.wait_until(lambda: core.members["e1"].status == MemberStatus.REQUIRE_SYNC, 5)
@@ -267,10 +273,7 @@ async def test_synchronizer_nccl_handshake_waits_for_every_explorer():
 
 
 async def test_synchronizer_failed_broadcast_rebuilds_and_nothing_is_published():
-    core = core_of(method="nccl")
-    await core.register("trainer", Role.TRAINER)
-    await core.register("e1", Role.EXPLORER)
-    await core.group_info("trainer", SPECS)
+    core = await nccl_core("e1")
     gen = core.rendezvous.generation
     waiter = asyncio.create_task(core.wait_for_version("e1", step=2, timeout=10))
     assert (await core.request_sync("trainer", 1, timeout=10)).accepted
@@ -284,11 +287,7 @@ async def test_synchronizer_a_handshake_whose_trainer_went_away_starts_a_new_gen
     """The trainer's RequestSync is cancelled (the trainer was killed) after e1 was told to join the
     broadcast and before e2 came: nobody will host that group, so the broadcast is dropped and a new
     generation sends e1 (joining) elsewhere; e2 is not told to join the dead broadcast."""
-    core = core_of(method="nccl")
-    await core.register("trainer", Role.TRAINER)
-    for e in ("e1", "e2"):
-        await core.register(e, Role.EXPLORER)
-    await core.group_info("trainer", SPECS)
+    core = await nccl_core("e1", "e2")
     gen = core.rendezvous.generation
     w1 = asyncio.create_task(core.wait_for_version("e1", step=2, timeout=10))
     await core.wait_until(lambda: core.members["e1"].status == MemberStatus.REQUIRE_SYNC, 5)
@@ -304,10 +303,7 @@ async def test_synchronizer_a_handshake_whose_trainer_went_away_starts_a_new_gen
 
 
 async def test_synchronizer_waits_time_out_cleanly():
-    core = core_of(method="nccl")
-    await core.register("trainer", Role.TRAINER)
-    await core.register("e1", Role.EXPLORER)
-    await core.group_info("trainer", SPECS)
+    core = await nccl_core("e1")
     answer = await core.wait_for_version("e1", step=2, timeout=0.05)
     assert answer.timed_out and answer.required == 1
     assert core.members["e1"].status == MemberStatus.RUNNING
