@@ -1,7 +1,7 @@
 """Does the tiny model learn tool use? `rft run` of examples/tool_use.yaml (SFT warm-up on tool-use
 transcripts, then GRPO with the `tool_arithmetic` workflow), reading its metrics.
 
-    python bench/tool_use.py [--quick] [--sft-steps N] [--grpo-steps M]
+    python bench/tool_use.py [--quick] [--sft-steps N] [--grpo-steps M] [--grpo-lr LR]
 
 The measured figures, from the GRPO stage's metrics/explorer.jsonl: the reward (1 = right answer,
 0.1 = wrong answer after a well-formed calculator call) and the well-formed tool calls per episode,
@@ -39,6 +39,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer steps (a smoke run, not a measurement)")
     ap.add_argument("--sft-steps", type=int, default=None)
     ap.add_argument("--grpo-steps", type=int, default=None)
+    ap.add_argument("--grpo-lr", type=float, default=None, help="the GRPO stage's learning rate")
     args = ap.parse_args()
     tree = yaml.safe_load((ROOT / "examples" / "tool_use.yaml").read_text())
     sft_steps = args.sft_steps or (30 if args.quick else tree["stages"][0]["buffer"]["total_steps"])
@@ -49,6 +50,8 @@ def main() -> None:
         tree["model"]["chat_template_path"] = str(ROOT / tree["model"]["chat_template_path"])
         tree["buffer"]["total_steps"] = grpo_steps
         tree["stages"][0]["buffer"]["total_steps"] = sft_steps
+        if args.grpo_lr:
+            tree["algorithm"]["optimizer"]["lr"] = args.grpo_lr
         for section in (
             tree["buffer"]["explorer_input"]["taskset"],
             tree["stages"][0]["buffer"]["trainer_input"]["experience_buffer"],
@@ -71,6 +74,7 @@ def main() -> None:
     out = {
         "sft_steps": sft_steps,
         "grpo_steps": grpo_steps,
+        "grpo_lr": tree["algorithm"]["optimizer"]["lr"],
         "seconds": round(seconds, 1),
         "reward_first": round(_mean(first, "rollout/reward/mean"), 4),
         "reward_last": round(_mean(last, "rollout/reward/mean"), 4),
@@ -78,6 +82,7 @@ def main() -> None:
         "tool_calls_last": round(_mean(last, "rollout/tool_calls/mean"), 4),
         "parse_errors_first": round(_mean(first, "rollout/tool_parse_errors/mean"), 4),
         "parse_errors_last": round(_mean(last, "rollout/tool_parse_errors/mean"), 4),
+        "reward_curve": [round(r["rollout/reward/mean"], 3) for r in rows],
         "baseline": "the SFT warm-up model (first 5 GRPO steps)",
     }
     out["ratio"] = round(out["reward_last"] / out["reward_first"], 3) if out["reward_first"] > 0 else None
