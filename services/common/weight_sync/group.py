@@ -13,7 +13,9 @@ can come and go in one process.
 `close()`s and joins again with generation + 1 (a fresh port from `free_port()` or the same one).
 A member whose generation differs from rank 0's gets `StaleGenerationError`; a rank joined twice
 gets `WeightSyncError`. Every wait is bounded by `timeout_s`: a member that dies or stalls makes the
-others raise `GroupBrokenError`, never hang. The transfer protocol itself is in `broadcast.py`.
+others raise `GroupBrokenError`, never hang. A join also takes an `abandon` event, looked at every
+0.5 s while it waits for the host or the other members (`superseded.py` sets it when the synchronizer
+moves to a newer generation). The transfer protocol itself is in `broadcast.py`.
 """
 
 from __future__ import annotations
@@ -148,7 +150,7 @@ def _await_listener(info: GroupInfo, rank: int, deadline: float, abandon: thread
             time.sleep(pause)  # ok-sleep: retry interval of a connect with a deadline
 
 
-def await_members(
+def _await_members(
     store, info: GroupInfo, rank: int, deadline: float, abandon: threading.Event | None
 ) -> None:
     """Wait until every rank has registered under `rank{r}` in `store` (bounded, abandonable)."""
@@ -173,8 +175,8 @@ def open_store(
     rendezvous of the group) to the whole network; so rank 0 binds the socket here and hands it over
     (`master_listen_fd`, which the libuv server adopts and closes with the store).
 
-    The others connect in short attempts until `timeout`, giving up at once when `abandon` is set
-    (the instance was superseded: its host may never come)."""
+    The others first wait until the host listens (plain TCP probes, up to `timeout`), giving up at once
+    when `abandon` is set (the instance was superseded: its host may never come)."""
     common = {"world_size": info.world_size, "timeout": timeout, "wait_for_workers": False}
     if rank != 0:
         _await_listener(info, rank, time.monotonic() + timeout.total_seconds(), abandon)
@@ -238,7 +240,7 @@ class Connection:
             prefix = dist.PrefixStore(f"{info.group_name}/g{info.generation}", store)
             if prefix.add(f"rank{rank}", 1) != 1:
                 raise WeightSyncError(f"rank {rank} joined {where} twice")
-            await_members(prefix, info, rank, deadline, abandon)
+            _await_members(prefix, info, rank, deadline, abandon)
             if backend == "nccl":
                 opts = dist.ProcessGroupNCCL.Options()
                 opts._timeout = timeout
