@@ -1,10 +1,11 @@
 """End to end: the same GRPO job run by RFT Mesh (`rft run`) and by TRL's `GRPOTrainer`, side by side.
 
-    python bench/e2e_vs_trl.py [--quick] [--steps N] [--reps R] [--trl-python PATH]
+    python bench/e2e_vs_trl.py [--quick] [--size tiny|small] [--steps N] [--reps R] [--trl-python PATH]
 
-The job: the tiny Qwen2 of `rft make-tiny-model` warmed up on the right answers (`rft_runs.warm_model`;
-both sides start from that same folder), the a+b prompts of `examples/data/arithmetic.jsonl`, the exact-
-match reward `arithmetic_reward` (1 for the right number, 0 otherwise; TRL calls the same function,
+The job: the tiny Qwen2 of `rft make-tiny-model` (`--size small`: its ~10M-parameter one) warmed up
+on the right answers (`rft_runs.warm_model`; both sides start from that same folder), the a+b prompts
+of `examples/data/arithmetic.jsonl`, the exact-match reward `arithmetic_reward` (1 for the right
+number, 0 otherwise; TRL calls the same function,
 compiled from the product's source), 8 prompts per step x 8 samples (`repeat_times` = `num_generations`
 = 8), at most 32 new tokens, temperature 1.0, learning rate 3e-4 (constant; `rft_runs.LR` says why not
 1e-3), no KL (`beta=0`), on CPU.
@@ -146,7 +147,7 @@ def main() -> None:
     keys = ("completions_per_s", "tokens_per_s", "s_per_step", "reward", "wall_s")
     o = {k: med(ours, k) for k in keys}
     b = {k: med(base, k) for k in keys}
-    print(f"\nGRPO, tiny Qwen2, {steps} steps x {SAMPLES} samples (<= {MAX_TOKENS} tokens), "
+    print(f"\nGRPO, {args.size} Qwen2, {steps} steps x {SAMPLES} samples (<= {MAX_TOKENS} tokens), "
           f"throughput after {warmup} warm-up steps, median of {reps}")  # fmt: skip
     print(f"{'':12s}{'completions/s':>15s}{'tokens/s':>12s}{'s/step':>9s}{'reward':>9s}{'process s':>11s}")
     for label, f in (("RFT Mesh", o), ("TRL", b)):
@@ -155,7 +156,7 @@ def main() -> None:
     ratio = o["completions_per_s"] / b["completions_per_s"]
     print(f"ratio (completions/s, ours / TRL): {ratio:.2f}x   target 2.0x", flush=True)
     print(json.dumps({
-        "bench": "e2e_vs_trl", "quick": args.quick, "steps": steps, "warmup": warmup, "reps": reps,
+        "bench": "e2e_vs_trl", "quick": args.quick, "size": args.size, "steps": steps, "warmup": warmup, "reps": reps,
         "samples_per_step": SAMPLES, "max_completion_length": MAX_TOKENS,
         "rft_completions_per_s": round(o["completions_per_s"], 2), "rft_tokens_per_s": round(o["tokens_per_s"], 1),
         "rft_s_per_step": round(o["s_per_step"], 4), "rft_reward": round(o["reward"], 4),

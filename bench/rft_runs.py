@@ -39,8 +39,10 @@ LR = 3e-4
 DATA = ROOT / "examples" / "data" / "arithmetic.jsonl"
 
 
-def warm_model(out_dir: Path, sft_steps: int = 30, lr: float = 1e-3, seed: int = 0) -> Path:
-    """`make_tiny_model` + `sft_steps` full-batch supervised steps on the arithmetic rows
+def warm_model(
+    out_dir: Path, sft_steps: int = 30, lr: float = 1e-3, seed: int = 0, size: str = "tiny"
+) -> Path:
+    """`make_tiny_model` (of `size`) + `sft_steps` full-batch supervised steps on the arithmetic rows
     (prompt + answer + EOS, loss on the answer), as the quickstart's SFT stage does."""
     import torch
 
@@ -49,7 +51,7 @@ def warm_model(out_dir: Path, sft_steps: int = 30, lr: float = 1e-3, seed: int =
 
     base = out_dir / "base"
     if not (base / "config.json").exists():
-        make_tiny_model(base, seed=seed)
+        make_tiny_model(base, size=size, seed=seed)
     tok, model = load_tokenizer(str(base)), load_model(str(base), device="cpu")
     rows = [json.loads(line) for line in DATA.read_text().splitlines() if line.strip()]
     seqs, starts = [], []
@@ -80,13 +82,21 @@ def warm_model(out_dir: Path, sft_steps: int = 30, lr: float = 1e-3, seed: int =
 
 
 def add_run_args(ap: argparse.ArgumentParser, per: str, warmup_for: str) -> None:
-    """The options both end-to-end benchmarks take: --quick, --steps, --warmup, --reps, --model-dir."""
+    """The options both end-to-end benchmarks take: --quick, --steps, --warmup, --reps, --size,
+    --model-dir."""
     ap.add_argument("--quick", action="store_true", help="fewer steps and repetitions (under 3 minutes)")
     ap.add_argument("--steps", type=int, help="steps per run (default 40, quick 16)")
     ap.add_argument("--warmup", type=int, help=f"steps left out of {warmup_for} (default 5, quick 4)")
     ap.add_argument("--reps", type=int, help=f"runs per {per} (default 3, quick 2)")
-    ap.add_argument("--model-dir", type=Path, default=ROOT / "runs" / "bench" / "model",
-                    help="where the warmed-up tiny model is made (reused when present)")  # fmt: skip
+    ap.add_argument(
+        "--size",
+        choices=("tiny", "small"),
+        default="tiny",
+        help="the model: tiny (~1M parameters) or small (~10M, `rft make-tiny-model --size`)",
+    )
+    ap.add_argument("--model-dir", type=Path, default=None,
+                    help="where the warmed-up model is made (reused when present; default "
+                         "runs/bench/model, runs/bench/model-small for --size small)")  # fmt: skip
 
 
 def run_plan(args: argparse.Namespace) -> tuple[int, int, int, Path]:
@@ -94,9 +104,12 @@ def run_plan(args: argparse.Namespace) -> tuple[int, int, int, Path]:
     steps = args.steps or (16 if args.quick else 40)
     warmup = args.warmup or (4 if args.quick else 5)
     reps = args.reps or (2 if args.quick else 3)
-    model = args.model_dir / "warm"
+    folder = args.model_dir or ROOT / "runs" / "bench" / (
+        "model" if args.size == "tiny" else f"model-{args.size}"
+    )
+    model = folder / "warm"
     if not (model / "config.json").exists():
-        model = warm_model(args.model_dir)
+        model = warm_model(folder, size=args.size)
     return steps, warmup, reps, model
 
 
