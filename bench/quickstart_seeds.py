@@ -1,6 +1,6 @@
 """Does the quickstart learn on every data order? `rft run` of examples/quickstart.yaml once per data seed.
 
-    python bench/quickstart_seeds.py [--seeds 1 2 3 4 5] [--grpo-steps N]
+    python bench/quickstart_seeds.py [--seeds 1 2 3 4 5] [--grpo-steps N] [--set KEY=VALUE ...]
 
 Each run is the shipped config as `scripts/quickstart.sh` runs it (SFT warm-up, then GRPO), on the
 tiny model (`rft make-tiny-model`, model seed 0), with only `buffer.explorer_input.taskset.
@@ -33,8 +33,23 @@ from tests.support.rft_run import env, tiny_model  # noqa: E402
 GOAL_REWARD, GOAL_SECONDS = 0.9, 180.0
 
 
-def run_seed(seed: int, work: Path, grpo_steps: int | None) -> dict[str, float]:
+def apply_overrides(tree: dict, overrides: list[str]) -> None:
+    """`a.b.c=VALUE` (VALUE read as YAML) sets tree["a"]["b"]["c"], creating missing sections; a
+    number indexes a list (`stages.1.algorithm.optimizer.lr=2e-3`: the second stage's)."""
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            sys.exit(f"--set {item!r}: expected dotted.key=value, e.g. algorithm.optimizer.lr=2e-3")
+        *parents, leaf = key.split(".")
+        node = tree
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node.setdefault(part, {})
+        node[int(leaf) if isinstance(node, list) else leaf] = yaml.safe_load(value)
+
+
+def run_seed(seed: int, work: Path, grpo_steps: int | None, overrides: list[str]) -> dict[str, float]:
     tree = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
+    apply_overrides(tree, overrides)
     tree["checkpoint_root_dir"] = str(work / f"seed{seed}")
     tree["continue_from_checkpoint"] = False
     tree["model"]["model_path"] = str(tiny_model())
@@ -67,11 +82,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     ap.add_argument("--grpo-steps", type=int, default=None, help="override the GRPO stage's total_steps")
+    ap.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="change the shipped config, e.g. --set algorithm.repeat_times=16 (repeatable)",
+    )  # fmt: skip
     args = ap.parse_args()
     runs: dict[int, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="quickstart-seeds-") as tmp:
         for seed in args.seeds:
-            runs[seed] = run_seed(seed, Path(tmp), args.grpo_steps)
+            runs[seed] = run_seed(seed, Path(tmp), args.grpo_steps, args.overrides)
             r = runs[seed]
             print(
                 f"seed {seed}: reward {r['first']:.3f} -> {r['last']:.3f} in {r['seconds']:.0f}s", flush=True
@@ -81,7 +100,7 @@ def main() -> None:
     print(f"final reward: min {min(lasts):.3f}, mean {statistics.fmean(lasts):.3f}, max {max(lasts):.3f}; "
           f"slowest run {slowest:.0f}s (goals: >= {GOAL_REWARD} on every seed, < {GOAL_SECONDS:.0f}s)")  # fmt: skip
     print(json.dumps({
-        "bench": "quickstart_seeds", "seeds": {str(s): r for s, r in runs.items()},
+        "bench": "quickstart_seeds", "overrides": args.overrides, "seeds": {str(s): r for s, r in runs.items()},
         "reward_last_min": round(min(lasts), 4), "reward_last_mean": round(statistics.fmean(lasts), 4),
         "reward_first_mean": round(statistics.fmean(r["first"] for r in runs.values()), 4),
         "slowest_s": slowest, "worst_time_ratio": round(GOAL_SECONDS / slowest, 3),

@@ -2,6 +2,11 @@
 transcripts, then GRPO with the `tool_arithmetic` workflow), reading its metrics.
 
     python bench/tool_use.py [--quick] [--sft-steps N] [--grpo-steps M] [--grpo-lr LR]
+                             [--out DIR] [--sft-model HF_DIR]
+
+`--out` keeps the run's checkpoints (the SFT stage's HF export is under
+`DIR/ckpt/tool_use/calculator/sft/global_step_N/huggingface`); `--sft-model` starts GRPO from such a
+folder without the SFT stage, to compare GRPO settings on one warm-up.
 
 The measured figures, from the GRPO stage's metrics/explorer.jsonl: the reward (1 = right answer,
 0.1 = wrong answer after a well-formed calculator call) and the well-formed tool calls per episode,
@@ -40,11 +45,19 @@ def main() -> None:
     ap.add_argument("--sft-steps", type=int, default=None)
     ap.add_argument("--grpo-steps", type=int, default=None)
     ap.add_argument("--grpo-lr", type=float, default=None, help="the GRPO stage's learning rate")
+    ap.add_argument("--out", type=Path, default=None, help="keep the checkpoints here (default: a temp dir)")
+    ap.add_argument(
+        "--sft-model", type=Path, default=None,
+        help="skip the SFT stage and start GRPO from this HF model folder (e.g. an earlier run's export)",
+    )  # fmt: skip
     args = ap.parse_args()
     tree = yaml.safe_load((ROOT / "examples" / "tool_use.yaml").read_text())
     sft_steps = args.sft_steps or (30 if args.quick else tree["stages"][0]["buffer"]["total_steps"])
     grpo_steps = args.grpo_steps or (10 if args.quick else tree["buffer"]["total_steps"])
     with tempfile.TemporaryDirectory() as tmp:
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            tmp = str(args.out.resolve())
         tree["checkpoint_root_dir"] = str(Path(tmp) / "ckpt")
         tree["model"]["model_path"] = str(tiny_model())
         tree["model"]["chat_template_path"] = str(ROOT / tree["model"]["chat_template_path"])
@@ -57,6 +70,13 @@ def main() -> None:
             tree["stages"][0]["buffer"]["trainer_input"]["experience_buffer"],
         ):
             section["path"] = str(ROOT / section["path"])
+        if args.sft_model:
+            sft_steps = 0
+            tree["model"]["model_path"] = str(args.sft_model.resolve())
+            grpo = tree.pop("stages")[1]
+            for key, value in grpo.items():
+                if key != "stage_name":
+                    tree[key] = {**tree.get(key, {}), **value} if isinstance(value, dict) else value
         config = Path(tmp) / "tool_use.yaml"
         config.write_text(yaml.safe_dump(tree))
         start = time.monotonic()
@@ -67,7 +87,12 @@ def main() -> None:
             sys.exit(f"rft run failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
         rows = [
             r
-            for r in jsonl(Path(tmp) / "ckpt/tool_use/calculator/grpo/metrics/explorer.jsonl")
+            for r in jsonl(
+                Path(tmp)
+                / "ckpt/tool_use/calculator"
+                / ("" if args.sft_model else "grpo")
+                / "metrics/explorer.jsonl"
+            )
             if "rollout/reward/mean" in r
         ]
     first, last = rows[:5], rows[-5:]
@@ -83,6 +108,9 @@ def main() -> None:
         "parse_errors_first": round(_mean(first, "rollout/tool_parse_errors/mean"), 4),
         "parse_errors_last": round(_mean(last, "rollout/tool_parse_errors/mean"), 4),
         "reward_curve": [round(r["rollout/reward/mean"], 3) for r in rows],
+        "reward_per_10_steps": [
+            round(_mean(rows[i : i + 10], "rollout/reward/mean"), 3) for i in range(0, len(rows), 10)
+        ],
         "baseline": "the SFT warm-up model (first 5 GRPO steps)",
     }
     out["ratio"] = round(out["reward_last"] / out["reward_first"], 3) if out["reward_first"] > 0 else None
