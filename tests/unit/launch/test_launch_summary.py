@@ -12,7 +12,7 @@ import pytest
 
 from launcher import _main
 from launcher.plan import plan_stages
-from launcher.runner import StageOptions
+from launcher.runner import StageOptions, stage_total_steps
 from launcher.summary import earlier_wall_time, read_summary, run_summary, write_summary
 from services.common.config import load_config
 
@@ -63,9 +63,10 @@ def test_a_finished_run_started_again_keeps_its_summary(tmp_path, capsys):
     config = load_config(ROOT / "examples" / "quickstart.yaml", overrides=[f"checkpoint_root_dir={tmp_path}"])
     stages = plan_stages(config)
     assert [s.name for s in stages] == ["sft", "grpo"]
-    sft = _stage(stages[0].job_dir, 30, 30.0, 25.0, [])
-    # the data ended at step 12 of 170: finished all the same
-    grpo = _stage(stages[1].job_dir, 12, 120.0, 90.0, [0.2, 0.4, 0.6, 0.8, 0.8, 0.8], total_steps=170)
+    sft_steps, grpo_steps = stage_total_steps(stages[0]), stage_total_steps(stages[1])
+    sft = _stage(stages[0].job_dir, sft_steps, 30.0, 25.0, [])
+    # the data ended at step 12 of the GRPO stage's steps: finished all the same
+    grpo = _stage(stages[1].job_dir, 12, 120.0, 90.0, [0.2, 0.4, 0.6, 0.8, 0.8, 0.8], total_steps=grpo_steps)
     top_file = stages[1].job_dir.parent / "summary.json"
     write_summary(top_file, run_summary([("sft", sft), ("grpo", grpo)], "finished"))
     first = read_summary(top_file)
@@ -78,7 +79,7 @@ def test_a_finished_run_started_again_keeps_its_summary(tmp_path, capsys):
     assert out.count("finished in an earlier run") == 2
     assert read_summary(top_file) == first  # not wall_time_s 0.0 and an absurd samples_per_s
     lines = out.splitlines()
-    assert lines[-4] == "rft run: finished: 42 steps, reward 0.200 -> 0.680, 150s"
+    assert lines[-4] == f"rft run: finished: {sft_steps + 12} steps, reward 0.200 -> 0.680, 150s"
     assert lines[-3:] == [f"checkpoint: {grpo['checkpoint']}", f"summary: {top_file}",
                           f"plot: {top_file.parent / 'curves.png'}"]  # fmt: skip
     assert (top_file.parent / "curves.png").stat().st_size > 10_000
