@@ -4,9 +4,9 @@
 
 For each question of examples/data/tool_arithmetic.jsonl and each model, `--samples` episodes at
 temperature 1 with transformers, as the workflow plays them: the question rendered with the example's
-chat template and the calculator's spec, the reply parsed with the hermes parser, a `calculator` call
-answered with its result as a `<tool_response>`, then the model's answer; an episode is right when the
-answer's last integer is the row's answer. Typical use: the SFT stage's export of `bench/tool_use.py
+chat template and the calculator's spec, the reply parsed with the hermes parser, the calls answered by
+the workflow's `CalculatorEnv` as `<tool_response>`s, then the model's answer; an episode is right when
+the answer's last integer is the row's answer (a reply without a call is the answer itself). Typical use: the SFT stage's export of `bench/tool_use.py
 --out DIR` as the baseline and the GRPO stage's export as the model. Prints both accuracies; the last
 line is one JSON object with "ratio" = model accuracy / baseline accuracy (target 1.0: no worse).
 """
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import sys
 from pathlib import Path
 
@@ -28,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from services.explorer.tools import render_prompt  # noqa: E402
 from services.explorer.tools.parser import parse_tool_calls  # noqa: E402
-from services.explorer.workflows.tool_arithmetic import CALCULATOR_SPEC, calculate  # noqa: E402
+from services.explorer.workflows.tool_arithmetic import CalculatorEnv, final_integer  # noqa: E402
 
 TASKS = ROOT / "examples" / "data" / "tool_arithmetic.jsonl"
 TEMPLATE = ROOT / "examples" / "data" / "tool_use_template.jinja"
@@ -44,44 +43,37 @@ def _sample(model, tok, text: str, n: int, max_tokens: int) -> list[str]:
     return tok.batch_decode(out[:, ids["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
-def _tool_result(reply: str) -> str | None:
-    """The calculator's answer to the reply's first well-formed call, or None without one."""
-    for call in parse_tool_calls(reply, "hermes").tool_calls:
-        try:
-            expression = json.loads(call.arguments).get("expression")
-            return str(calculate(expression)) if call.name == "calculator" else None
-        except (ValueError, TypeError, AttributeError):
-            return None
-    return None
+def _right(model, tok, row: dict[str, str], reply: str, template: str) -> tuple[bool, bool]:
+    """(made a well-formed call, ended with the right number) for one episode that began with `reply`,
+    played on as `tool_arithmetic` with max_turns 2: the calculator environment answers the calls, and
+    the next reply is the answer (a second call instead ends the episode unanswered)."""
+    env, messages = CalculatorEnv(), [{"role": "user", "content": row["question"]}]
+    calls = parse_tool_calls(reply, "hermes").tool_calls
+    if not calls:
+        return False, final_integer(reply) == int(row["answer"])
+    messages.append({"role": "assistant", "content": reply})
+    messages += [{"role": "tool", "tool_call_id": c.id, "content": env.call_tool(c)} for c in calls]
+    answer = _sample(model, tok, render_prompt(tok, messages, env.tools, template), 1, ANSWER_TOKENS)[0]
+    if parse_tool_calls(answer, "hermes").tool_calls:
+        return env.good_calls > 0, False
+    return env.good_calls > 0, final_integer(answer) == int(row["answer"])
 
 
 def episodes(model_dir: Path, samples: int, seed: int) -> dict[str, float]:
     tok = PreTrainedTokenizerFast.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    template, tools = TEMPLATE.read_text(), [CALCULATOR_SPEC]
+    template = TEMPLATE.read_text()
     torch.manual_seed(seed)
     total = calls = right = 0
     with torch.no_grad():
         for line in TASKS.read_text().splitlines():
             row = json.loads(line)
-            messages = [{"role": "user", "content": row["question"]}]
-            for reply in _sample(
-                model, tok, render_prompt(tok, messages, tools, template), samples, CALL_TOKENS
-            ):
-                total += 1
-                result = _tool_result(reply)
-                if result is None:
-                    continue
-                calls += 1
-                history = messages + [
-                    {"role": "assistant", "content": reply},
-                    {"role": "tool", "tool_call_id": "call_0", "content": result},
-                ]
-                answer = _sample(model, tok, render_prompt(tok, history, tools, template), 1, ANSWER_TOKENS)[
-                    0
-                ]
-                numbers = re.findall(r"-?\d+", answer)
-                right += bool(numbers) and numbers[-1] == row["answer"]
+            prompt = render_prompt(
+                tok, [{"role": "user", "content": row["question"]}], CalculatorEnv.tools, template
+            )
+            for reply in _sample(model, tok, prompt, samples, CALL_TOKENS):
+                called, ok = _right(model, tok, row, reply, template)
+                total, calls, right = total + 1, calls + called, right + ok
     return {"episodes": total, "calls": round(calls / total, 4), "accuracy": round(right / total, 4)}
 
 
