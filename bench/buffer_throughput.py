@@ -2,11 +2,12 @@
 
 Project: a `python -m services.buffer` process on a Redis store; in this process one producer streams
 batches of 64 experiences (8 groups of 8, 256 tokens each: 64 prompt + 192 response, with logprobs and
-action mask) with `PutExperiences`, while one consumer loops `GetBatch(64)` + `Ack`. Timed from the first
-put to the last ack.
+action mask) with `PutExperiences`, while one consumer loops `GetBatch(64)` and acks each lease in the
+background while it leases the next one, as the trainer does (`TrainerCore` starts its acks, then asks
+for the next batch). Timed from the first put to the last ack.
 Baseline: the same serialized experiences with redis-py (asyncio): pipelined XADD (64 per pipeline)
-while a consumer loops XREADGROUP COUNT 64 + XACK. Same redis-server, same run, interleaved repetitions,
-median. The last line printed is one JSON object with both figures, "ratio" and "target".
+while a consumer loops XREADGROUP COUNT 64, with the XACK of each read in flight during the next read.
+Same redis-server, same run, interleaved repetitions, median. The last line printed is one JSON object with both figures, "ratio" and "target".
 
     python bench/buffer_throughput.py [--quick]
 """
@@ -36,6 +37,7 @@ from tests.support.buffer_data import experience  # noqa: E402
 from tests.support.redis_server import RedisServer, free_port  # noqa: E402
 
 BATCH, GROUP = 64, 8
+TARGET = 0.8
 
 
 def make_batches(n: int) -> list[experience_pb2.ExperienceBatch]:
@@ -92,14 +94,21 @@ async def run_project(address: str, batches: list[experience_pb2.ExperienceBatch
             assert resp.accepted == total, resp
 
         async def consume() -> None:
-            got = 0
+            got, ack = 0, None
             while got < total:
                 resp = await stub.GetBatch(
                     buffer_pb2.GetBatchRequest(consumer_group=group, size=BATCH, timeout_ms=1000)
                 )
+                if ack is not None:
+                    await ack
+                    ack = None
                 if resp.lease_id:
-                    await stub.Ack(buffer_pb2.AckRequest(lease_id=resp.lease_id, consumer_group=group))
+                    ack = asyncio.ensure_future(
+                        stub.Ack(buffer_pb2.AckRequest(lease_id=resp.lease_id, consumer_group=group))
+                    )
                     got += len(resp.experiences)
+            if ack is not None:
+                await ack
 
         await asyncio.gather(produce(), consume())
         return total / (time.perf_counter() - start)
@@ -121,13 +130,18 @@ async def run_raw(url: str, batches: list[experience_pb2.ExperienceBatch]) -> fl
             await pipe.execute()
 
     async def consume() -> None:
-        got = 0
+        got, ack = 0, None
         while got < total:
             res = await client.xreadgroup(group, "c", {stream: ">"}, count=BATCH, block=1000)
+            if ack is not None:
+                await ack
+                ack = None
             if res:
                 ids = [entry_id for entry_id, _ in res[0][1]]
-                await client.xack(stream, group, *ids)
+                ack = asyncio.ensure_future(client.xack(stream, group, *ids))
                 got += len(ids)
+        if ack is not None:
+            await ack
 
     await asyncio.gather(produce(), consume())
     rate = total / (time.perf_counter() - start)
@@ -161,7 +175,7 @@ def main() -> None:
     print(f"{'path':<44}{'experiences/s':>16}{'runs':>40}")
     print(f"{'buffer service (gRPC, Redis store)':<44}{ours_med:>16,.0f}{str([round(x) for x in ours]):>40}")
     print(f"{'raw redis-py XADD + XREADGROUP + XACK':<44}{raw_med:>16,.0f}{str([round(x) for x in raw]):>40}")
-    print(f"ratio (ours / raw): {ours_med / raw_med:.2f}   target: 0.5")
+    print(f"ratio (ours / raw): {ours_med / raw_med:.2f}   target: {TARGET}")
     result = {
         "experiences": n,
         "repetitions": reps,
@@ -171,7 +185,7 @@ def main() -> None:
         "runs": [round(x, 1) for x in ours],
         "baseline_runs": [round(x, 1) for x in raw],
         "ratio": round(ours_med / raw_med, 3),
-        "target": 0.5,
+        "target": TARGET,
     }
     print(json.dumps(result))
 
