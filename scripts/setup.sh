@@ -57,6 +57,18 @@ if ! command -v kubectl >/dev/null 2>&1; then
     echo "[setup] WARNING: could not install kubernetes-client; install kubectl yourself (the k8s manifest checks need it)" >&2
   fi
 fi
+# A compose CLI, for the offline merges of the compose files (`docker-compose config` needs no engine;
+# tests/unit/deploy/test_deploy_compose*.py skip those merges loudly without it). The deploy tests install
+# the engine themselves. Not fatal where the package does not exist.
+if ! command -v docker-compose >/dev/null 2>&1 && ! docker compose version >/dev/null 2>&1; then
+  echo "[setup] installing docker-compose"
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1 && SUDO=sudo
+  if ! { command -v apt-get >/dev/null 2>&1 && $SUDO apt-get update -qq \
+      && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends docker-compose >/dev/null; }; then
+    echo "[setup] WARNING: could not install docker-compose; the compose merge checks will skip" >&2
+  fi
+fi
 # The Node.js example client (examples/clients/node): its pinned dependencies, when npm is here and they are
 # missing or older than the lock file (its integration test skips loudly without them).
 NODE_CLIENT=examples/clients/node
