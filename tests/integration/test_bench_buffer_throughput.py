@@ -60,7 +60,7 @@ async def test_consume_loop_keeps_at_most_one_ack_in_flight(overlap):
     acked: list[int] = []
 
     async def read() -> tuple[int, int]:
-        await asyncio.sleep(0)  # a yield to the loop, as a real read awaits its reply
+        await asyncio.sleep(0)  # ok-sleep: a yield to the loop (no time passes), as a read awaits its reply
         seen_during_read.append(list(in_flight))
         return next(reads)
 
@@ -68,7 +68,7 @@ async def test_consume_loop_keeps_at_most_one_ack_in_flight(overlap):
         in_flight.append(token)
         assert len(in_flight) == 1
         for _ in range(2):  # yields to the loop: a read may run while this ack is open
-            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # ok-sleep: a yield (no time passes), not a wait for another task
         in_flight.remove(token)
         acked.append(token)
 
