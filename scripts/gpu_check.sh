@@ -1,33 +1,53 @@
 #!/usr/bin/env bash
 # The GPU check in one call, for a machine with one NVIDIA GPU (H100/H200), python 3.12 and a CUDA build of
-# torch installed system-wide, and NO network. Run from the repository root after `bash scripts/gpu_wheels.sh`
-# filled .gpu-wheels/ on a machine with PyPI, and the working tree (with .gpu-wheels/) was carried over:
+# torch, and NO network. Run from the repository root after `bash scripts/gpu_wheels.sh` filled
+# .gpu-wheels/ on a machine with PyPI, and the working tree (with .gpu-wheels/) was carried over:
 #
-#   bash scripts/gpu_check.sh            # install offline into .venv-gpu, then run the steps below
-#   bash scripts/gpu_check.sh --dry-run  # print the plan; check offline that .gpu-wheels/ is complete
+#   bash scripts/gpu_check.sh               # install offline into .gpu-deps, then run the steps below
+#   bash scripts/gpu_check.sh STEP ...      # only these steps (e.g. `pytest quickstart`)
+#   bash scripts/gpu_check.sh --dry-run     # print the plan; check offline that .gpu-wheels/ is complete and
+#                                           # that it travels with the tree (<= 64 MiB together)
+#   bash scripts/gpu_check.sh --setup-only  # install, then print the command prefix that runs the project
 #
-# Setup: a venv with --system-site-packages (it reuses the system torch), the pinned wheels of
-# .gpu-wheels/requirements.txt and the project itself (`-e .`, --no-deps), never reaching an index.
+# Setup: the GPU machine's python3 is itself a virtualenv holding torch, so a venv made from it would not
+# see torch. The pinned wheels of .gpu-wheels/requirements.txt go into a plain folder instead
+# (`pip install --no-deps --target .gpu-deps`, never reaching an index), put first on PYTHONPATH with the
+# repository and its generated protos after it, and that python runs every step.
 # Steps, each reported, the next run even when one fails; the exit status is non-zero if any failed:
-#   env      nvidia-smi, the torch / CUDA / device versions
-#   pytest   `pytest -m gpu` over the test files that hold gpu-marked tests
-#   rollout  the explorer's hf engine on CUDA (bench/rollout.py --quick --device cuda), tokens/s
-#   trainer  one bf16 FSDP2 trainer step on a Qwen2-0.5B-shaped random model (bench/trainer_step.py --gpu):
-#            tokens/s and MFU, its JSON last line with "ratio" = MFU / 0.35
+#   env         nvidia-smi; python, torch, CUDA, NCCL, cuDNN, device and the wire stack's versions
+#   pytest      `pytest -m gpu` over the test files that hold gpu-marked tests (trainer on CUDA: bf16 FSDP2,
+#               gradient checkpointing, LoRA, reference + KL, critic, save / bit-exact resume, HF export,
+#               the bf16 gather; NCCL probes; the hf engine on CUDA)
+#   quickstart  `rft run` of the quickstart on one GPU, trainer and explorer sharing cuda:0
+#               (bench/gpu_quickstart.py): reward curve, tokens/s, GPU memory peak
+#   trainer     one bf16 FSDP2 trainer step on a Qwen2.5-0.5B-shaped random model (bench/trainer_step.py
+#               --gpu): tokens/s and MFU, its JSON last line with "ratio" = MFU / 0.35
+#   trainer15   the same on the Qwen2.5-1.5B shape
+#   rollout     the explorer's hf engine on CUDA (bench/rollout.py --quick --device cuda), tokens/s
 # With $OUT set, everything printed is also written under $OUT/gpu_check/ (one log per step, summary.json).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 DRY_RUN=0
-case "${1:-}" in
-  "") ;;
-  --dry-run) DRY_RUN=1 ;;
-  *) echo "usage: bash scripts/gpu_check.sh [--dry-run] (unknown argument: $1)" >&2; exit 2 ;;
-esac
+SETUP_ONLY=0
+ONLY=()
+for arg in "$@"; do
+  case "$arg" in
+    --dry-run) DRY_RUN=1 ;;
+    --setup-only) SETUP_ONLY=1 ;;
+    env|pytest|quickstart|trainer|trainer15|rollout) ONLY+=("$arg") ;;
+    *) echo "usage: bash scripts/gpu_check.sh [--dry-run | --setup-only | STEP ...] (unknown argument: $arg;" \
+         "steps: env pytest quickstart trainer trainer15 rollout)" >&2; exit 2 ;;
+  esac
+done
 WHEELS=${RFT_GPU_WHEELS:-.gpu-wheels}
-VENV=${RFT_GPU_VENV:-.venv-gpu}
+DEPS=${RFT_GPU_DEPS:-.gpu-deps}
 PY3=${RFT_GPU_PYTHON:-python3}
-VPY=$VENV/bin/python
+# The GPU machine's python3 is itself a virtualenv holding torch: a venv made from it would not see torch.
+# So the carried wheels go into a plain folder (pip --target) put first on PYTHONPATH, with the repository
+# and its generated protos after it, and that python runs everything.
+case "$DEPS" in /*) ;; *) DEPS=$PWD/$DEPS ;; esac
+VPY="env PYTHONPATH=$DEPS:$PWD:$PWD/protos${PYTHONPATH:+:$PYTHONPATH} PATH=$DEPS/bin:$PATH $PY3"
 LOG_DIR=""
 if [ -n "${OUT:-}" ]; then
   LOG_DIR=$OUT/gpu_check
@@ -39,20 +59,21 @@ fi
 # imports data and plotting packages the GPU steps never use; see scripts/gpu_wheels.py).
 mapfile -t GPU_TESTS < <(grep -rlE 'pytest\.mark\.gpu|pytestmark *=.*gpu' tests --include='*.py' | sort)
 
-STEPS=(env pytest rollout trainer)
+STEPS=(env pytest quickstart trainer trainer15 rollout)
+[ ${#ONLY[@]} -gt 0 ] && STEPS=("${ONLY[@]}")
 declare -A CMDS=(
-  [env]="rc=0; nvidia-smi || rc=1; $VPY -c 'import torch; print(\"torch\", torch.__version__, \"| CUDA\", torch.version.cuda, \"| cuDNN\", torch.backends.cudnn.version(), \"| device\", torch.cuda.get_device_name(0), \"| bf16\", torch.cuda.is_bf16_supported())' || rc=1; exit \$rc"
-  [pytest]="$VPY -m pytest -q -p no:cacheprovider -m gpu ${GPU_TESTS[*]}"
-  [rollout]="$VPY bench/rollout.py --quick --device cuda"
+  [env]="rc=0; nvidia-smi || rc=1; $VPY scripts/gpu_env_probe.py || rc=1; exit \$rc"
+  [pytest]="$VPY -m pytest -q -p no:cacheprovider -rs -m gpu ${GPU_TESTS[*]}"
+  [quickstart]="$VPY bench/gpu_quickstart.py"
   [trainer]="$VPY bench/trainer_step.py --gpu"
+  [trainer15]="$VPY bench/trainer_step.py --gpu --shape qwen2.5-1.5b --reps 3"
+  [rollout]="$VPY bench/rollout.py --quick --device cuda"
 )
 
 plan() {
-  echo "[gpu-check] plan (wheels: $WHEELS, venv: $VENV, python: $PY3${LOG_DIR:+, logs: $LOG_DIR})"
-  echo "  setup    $PY3 -m venv --system-site-packages $VENV"
-  echo "           $VPY -m pip install --no-index --find-links $WHEELS -r $WHEELS/requirements.txt"
-  echo "           $VPY -m pip install --no-index --no-deps --no-build-isolation -e ."
-  for s in "${STEPS[@]}"; do printf '  %-8s %s\n' "$s" "${CMDS[$s]}"; done
+  echo "[gpu-check] plan (wheels: $WHEELS, deps: $DEPS, python: $PY3${LOG_DIR:+, logs: $LOG_DIR})"
+  echo "  setup    $PY3 -m pip install --no-index --no-deps --target $DEPS --find-links $WHEELS -r $WHEELS/requirements.txt"
+  for s in "${STEPS[@]}"; do printf '  %-11s %s\n' "$s" "${CMDS[$s]}"; done
 }
 
 # A python that has pip (a uv-made venv has none): the --dry-run's offline resolution uses it.
@@ -84,7 +105,15 @@ if [ "$DRY_RUN" = 1 ]; then
     echo "[gpu-check] $WHEELS does not satisfy $WHEELS/requirements.txt offline: run 'bash scripts/gpu_wheels.sh' again" >&2
     exit 1
   fi
-  echo "[gpu-check] dry run OK: $WHEELS satisfies $WHEELS/requirements.txt offline ($(du -sh "$WHEELS" | cut -f1))"
+  wheel_bytes=$(du -sb "$WHEELS" | cut -f1)
+  tree_bytes=$(git ls-files -z | du -cb --files0-from=- 2>/dev/null | tail -n 1 | cut -f1)
+  if [ $(( wheel_bytes + tree_bytes )) -gt $(( 64 << 20 )) ]; then
+    echo "[gpu-check] $WHEELS ($(( wheel_bytes >> 20 )) MiB) and the tree ($(( tree_bytes >> 20 )) MiB) exceed the" \
+      "64 MiB that travel with the tree: drop packages the GPU steps do not import (scripts/gpu_wheels.py NOT_NEEDED)" >&2
+    exit 1
+  fi
+  echo "[gpu-check] dry run OK: $WHEELS satisfies $WHEELS/requirements.txt offline;" \
+    "$(( (wheel_bytes + tree_bytes) >> 20 )) MiB with the tree (limit 64)"
   exit 0
 fi
 
@@ -94,21 +123,20 @@ if [ ! -f "$WHEELS/requirements.txt" ]; then
   echo "[gpu-check] $WHEELS/requirements.txt is missing: run 'bash scripts/gpu_wheels.sh' where PyPI is reachable, then carry $WHEELS here" >&2
   exit 1
 fi
-if [ ! -x "$VPY" ]; then
-  "$PY3" -m venv --system-site-packages "$VENV" || "$PY3" -m venv --system-site-packages --without-pip "$VENV" || {
-    echo "[gpu-check] could not create $VENV with $PY3" >&2; exit 1; }
+if [ ! -f "$DEPS/.installed" ]; then
+  rm -rf "$DEPS"
+  if ! "$PY3" -m pip --isolated install --quiet --no-index --no-deps --target "$DEPS" --find-links "$WHEELS" \
+      -r "$WHEELS/requirements.txt"; then
+    echo "[gpu-check] offline install into $DEPS failed (see above); nothing else runs" >&2
+    exit 1
+  fi
+  touch "$DEPS/.installed"
 fi
-PIP=("$VPY" -m pip --isolated)
-if ! "${PIP[@]}" --version >/dev/null 2>&1; then
-  echo "[gpu-check] $VENV has no pip and the system python has none to lend" >&2
-  exit 1
+if [ "$SETUP_ONLY" = 1 ]; then
+  echo "[gpu-check] installed into $DEPS; run the project with: $VPY"
+  exit 0
 fi
-if ! { "${PIP[@]}" install --quiet --no-index --find-links "$WHEELS" -r "$WHEELS/requirements.txt" \
-    && "${PIP[@]}" install --quiet --no-index --find-links "$WHEELS" --no-deps --no-build-isolation -e .; }; then
-  echo "[gpu-check] offline install into $VENV failed (see above); nothing else runs" >&2
-  exit 1
-fi
-"$VPY" -c "import torch, transformers, grpc; assert torch.cuda.is_available(), 'torch sees no CUDA device'; print('[gpu-check] setup OK: torch', torch.__version__, '| transformers', transformers.__version__, '| grpcio', grpc.__version__)" || exit 1
+$VPY -c "import torch, transformers, grpc; assert torch.cuda.is_available(), 'torch sees no CUDA device'; print('[gpu-check] setup OK: torch', torch.__version__, '| transformers', transformers.__version__, '| grpcio', grpc.__version__)" || exit 1
 
 declare -A RESULT
 FAILED=0
@@ -134,7 +162,7 @@ echo "== summary"
 json="{"
 for s in "${STEPS[@]}"; do
   status=PASSED; [ "${RESULT[$s]%% *}" = "rc=0" ] || status=FAILED
-  printf '  %-8s %s (%s)\n' "$s" "$status" "${RESULT[$s]}"
+  printf '  %-11s %s (%s)\n' "$s" "$status" "${RESULT[$s]}"
   json+="\"$s\": \"$status ${RESULT[$s]}\", "
 done
 json="${json%, }}"

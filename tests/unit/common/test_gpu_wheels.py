@@ -78,7 +78,7 @@ def test_dry_run_resolves_the_wheel_folder_offline():
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "dry run OK" in proc.stdout
-    for step in ("setup", "env", "pytest", "rollout", "trainer"):
+    for step in ("setup", "env", "pytest", "quickstart", "trainer", "trainer15", "rollout"):
         assert f"  {step} " in proc.stdout
     assert "bench/trainer_step.py --gpu" in proc.stdout
 
@@ -95,3 +95,74 @@ def test_dry_run_without_the_wheel_folder_says_how_to_make_it(tmp_path):
     )
     assert proc.returncode == 1
     assert "requirements.txt is missing: run 'bash scripts/gpu_wheels.sh'" in proc.stderr
+
+
+def _write_module_wheel(folder: Path, name: str, version: str) -> None:
+    """A pure wheel holding one importable module `name`."""
+    dist = f"{name}-{version}"
+    with zipfile.ZipFile(folder / f"{dist}-py3-none-any.whl", "w") as z:
+        z.writestr(f"{name}/__init__.py", f"VERSION = {version!r}\n")
+        z.writestr(f"{dist}.dist-info/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        z.writestr(
+            f"{dist}.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        )
+        z.writestr(f"{dist}.dist-info/RECORD", "")
+
+
+def _site_packages(python: Path) -> Path:
+    out = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return Path(out.stdout.strip())
+
+
+def _python_with_pip() -> str | None:
+    for candidate in ("python3", "/usr/bin/python3"):
+        ok = subprocess.run([candidate, "-m", "pip", "--version"], capture_output=True).returncode == 0
+        venv_ok = (
+            subprocess.run([candidate, "-c", "import venv, ensurepip"], capture_output=True).returncode == 0
+        )
+        if ok and venv_ok:
+            return candidate
+    return None
+
+
+@pytest.mark.skipif(
+    _python_with_pip() is None, reason="no python3 with pip and ensurepip to make a venv from"
+)
+def test_setup_works_when_the_machine_python_is_itself_a_venv(tmp_path):
+    """The GPU machine's python3 is a virtualenv holding torch. A venv made from it with
+    --system-site-packages (the check's old set-up) does not see torch; the --target install does."""
+    outer = tmp_path / "machine-venv"
+    subprocess.run([_python_with_pip(), "-m", "venv", str(outer)], check=True, timeout=120)
+    python = outer / "bin" / "python"
+    (_site_packages(python) / "machine_torch.py").write_text("CUDA = True\n")  # stands for the venv's torch
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    _write_module_wheel(wheels, "carried_pkg", "1.2")
+    (wheels / "requirements.txt").write_text("carried-pkg==1.2\n")
+
+    # the old way: a venv of the venv does not see what the machine's venv holds
+    inner = tmp_path / "inner"
+    subprocess.run(
+        [str(python), "-m", "venv", "--system-site-packages", "--without-pip", str(inner)], check=True
+    )
+    old = subprocess.run([str(inner / "bin" / "python"), "-c", "import machine_torch"], capture_output=True)
+    assert old.returncode != 0 and b"No module named 'machine_torch'" in old.stderr
+
+    env = {
+        **os.environ, "RFT_GPU_PYTHON": str(python), "RFT_GPU_WHEELS": str(wheels),
+        "RFT_GPU_DEPS": str(tmp_path / "deps"),
+    }  # fmt: skip
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run(
+        ["bash", "scripts/gpu_check.sh", "--setup-only"], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    prefix = proc.stdout.strip().splitlines()[-1].split("run the project with: ", 1)[1]
+    probe = "import machine_torch, carried_pkg, services.common.json_rows; print(carried_pkg.VERSION)"
+    ran = subprocess.run(f"{prefix} -c '{probe}'", shell=True, cwd=ROOT, capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip() == "1.2"
