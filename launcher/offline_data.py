@@ -28,6 +28,7 @@ import torch
 from services.common.buffer_client import BufferClient
 from services.common.config import FormatConfig, RFTConfig, resolve
 from services.common.experience import Experience, ExperienceId
+from services.common.json_rows import JsonRowsError, datasets_available, read_json_rows
 from services.common.modeling import load_tokenizer
 from services.common.rpc import create_channel
 
@@ -39,14 +40,20 @@ class OfflineDataError(ValueError):
 
 
 def load_rows(path: str, split: str = "train") -> list[dict[str, Any]]:
-    """Rows of a jsonl/json/parquet file or a `datasets` folder (the same reader as tasksets)."""
+    """Rows of a jsonl/json/parquet file or a `datasets` folder (the same reader as tasksets; a jsonl/json
+    file reads without `datasets` where it is not installed)."""
+    p = Path(path)
+    if not p.exists():
+        raise OfflineDataError(f"offline data {path!r} does not exist")
+    if not datasets_available():
+        try:
+            return read_json_rows(p)
+        except (JsonRowsError, OSError) as exc:
+            raise OfflineDataError(f"cannot read offline data {path!r}: {exc}") from None
     import datasets
     from datasets import load_dataset, load_from_disk
 
     datasets.disable_progress_bars()
-    p = Path(path)
-    if not p.exists():
-        raise OfflineDataError(f"offline data {path!r} does not exist")
     try:
         if p.is_file():
             kind = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}.get(

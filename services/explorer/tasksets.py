@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from services.common.config import TasksetConfig
+from services.common.json_rows import JsonRowsError, datasets_available, read_json_rows
 from services.common.log import get_logger
 from services.explorer.tasks import BadRow, check_row
 
@@ -29,13 +30,19 @@ class TasksetError(RuntimeError):
 
 
 def load_rows(path: str, split: str = "train", subset_name: str | None = None) -> Any:
-    """A `datasets.Dataset` for a file, a `save_to_disk` folder (Dataset or DatasetDict) or a data folder."""
-    import datasets
-
-    datasets.disable_progress_bars()
+    """A `datasets.Dataset` for a file, a `save_to_disk` folder (Dataset or DatasetDict) or a data folder;
+    where `datasets` is not installed, a jsonl/json file's rows as a list (`services.common.json_rows`)."""
     p = Path(path).expanduser()
     if not p.exists():
         raise TasksetError(f"taskset path {path!r} does not exist")
+    if not datasets_available():
+        try:
+            return read_json_rows(p)
+        except (JsonRowsError, OSError) as exc:
+            raise TasksetError(f"cannot read taskset {path!r}: {exc}") from None
+    import datasets
+
+    datasets.disable_progress_bars()
     try:
         if p.is_file():
             builder = FILE_BUILDERS.get(p.suffix.lower())
