@@ -1,7 +1,7 @@
 """Trainer step throughput: the FSDP2 trainer step vs a bare PyTorch loop doing the same work.
 
     python bench/trainer_step.py [--quick] [--gpu] [--device cpu|cuda] [--dtype auto|fp32|bf16]
-        [--shape tiny|small|qwen2-0.5b] [--peak-tflops T] [--reps N]
+        [--shape tiny|small|qwen2-0.5b|qwen2.5-1.5b] [--micro N] [--peak-tflops T] [--reps N]
 
 Both sides run on the same batch of experiences (varied lengths), in the same process, interleaved,
 several repetitions after one warm-up step each; the median is reported.  Work per step on both
@@ -16,9 +16,11 @@ gradient clipping and one AdamW step.
   mean, `clip_grad_norm_`, `torch.optim.AdamW`.
 
 tokens/s counts real (non-padding) tokens.  Options:
-- `--device cpu|cuda` (default: cuda when available), `--shape tiny|small|qwen2-0.5b` (default small,
-  tiny with --quick); `qwen2-0.5b` is the Qwen2.5-0.5B shape (hidden 896, 24 layers, 14 heads, 2 KV heads,
-  intermediate 4864, vocab 151936) built from a `Qwen2Config` with random weights, no download.
+- `--device cpu|cuda` (default: cuda when available), `--shape tiny|small|qwen2-0.5b|qwen2.5-1.5b`
+  (default small, tiny with --quick); `qwen2-0.5b` is the Qwen2.5-0.5B shape (hidden 896, 24 layers, 14
+  heads, 2 KV heads, intermediate 4864, vocab 151936), `qwen2.5-1.5b` the 1.5B one (hidden 1536, 28
+  layers, 12 heads, 2 KV heads, intermediate 8960), built from a `Qwen2Config` with random weights, no
+  download. `--micro N`: experiences per micro-batch (default 4).
 - `--dtype auto|fp32|bf16`: the trainer computes in bf16 on CUDA (FSDP2 mixed precision: bf16 parameters
   and activations, fp32 master weights and gradient reduction) and in fp32 on CPU; the option states the
   expectation and refuses a combination the engine does not run.
@@ -57,18 +59,22 @@ from services.trainer.rowwise import local_micro_batches  # noqa: E402
 from services.trainer.settings import TrainerSettings  # noqa: E402
 from tests.support.trainer_data import make_config  # noqa: E402
 
+# Qwen2.5 shapes (hidden, intermediate, layers, attention heads, KV heads), vocab 151936, tied embeddings
+QWEN_SHAPES = {"qwen2-0.5b": (896, 4864, 24, 14, 2), "qwen2.5-1.5b": (1536, 8960, 28, 12, 2)}
 
-def make_gpu_model(out: Path) -> Path:
+
+def make_gpu_model(out: Path, shape: str = "qwen2-0.5b") -> Path:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    hidden, intermediate, layers, heads, kv_heads = QWEN_SHAPES[shape]
     tok = build_tokenizer(512)
     config = Qwen2Config(
         vocab_size=151936,
-        hidden_size=896,
-        intermediate_size=4864,
-        num_hidden_layers=24,
-        num_attention_heads=14,
-        num_key_value_heads=2,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
         max_position_embeddings=4096,
         tie_word_embeddings=True,
         pad_token_id=tok.pad_token_id,
@@ -149,7 +155,10 @@ def sync(device: torch.device) -> None:
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
 MFU_TARGET = 0.35
 # (experiences, prompt tokens, max response tokens, micro-batch size) per shape
-WORK = {"tiny": (16, 16, 48, 4), "small": (16, 32, 96, 4), "qwen2-0.5b": (32, 256, 768, 4)}
+WORK = {
+    "tiny": (16, 16, 48, 4), "small": (16, 32, 96, 4),
+    "qwen2-0.5b": (32, 256, 768, 4), "qwen2.5-1.5b": (32, 256, 768, 4),
+}  # fmt: skip
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -163,6 +172,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--reps", type=int, default=None, help="timed repetitions (default 7, 3 with --quick)"
     )
     parser.add_argument("--peak-tflops", type=float, default=None, help="peak FLOP/s for MFU (TFLOP/s)")
+    parser.add_argument(
+        "--micro", type=int, default=None, help="experiences per micro-batch (default: the shape's, 4)"
+    )
     args = parser.parse_args(argv)
     if args.gpu:
         args.device, args.dtype, args.shape = args.device or "cuda", "bf16", args.shape or "qwen2-0.5b"
@@ -173,6 +185,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--dtype {args.dtype} with --device {args.device}: the trainer runs {want} there; "
                      f"pass --dtype {want} or auto")  # fmt: skip
     args.dtype = want
+    if args.micro is not None and args.micro < 1:
+        parser.error(f"--micro must be >= 1, got {args.micro}")
     if args.reps is not None and args.reps < 1:
         parser.error(f"--reps must be >= 1, got {args.reps}")
     if args.peak_tflops is not None and args.peak_tflops <= 0:
@@ -200,11 +214,12 @@ def main() -> int:
     info = ensure_process_group()
     reps = args.reps or (3 if args.quick else 7)
     with tempfile.TemporaryDirectory() as tmp:
-        if args.shape == "qwen2-0.5b":
-            model_dir = make_gpu_model(Path(tmp) / "m")
+        if args.shape in QWEN_SHAPES:
+            model_dir = make_gpu_model(Path(tmp) / "m", args.shape)
         else:
             model_dir = make_tiny_model(Path(tmp) / "m", size=args.shape)
         n, prompt, response, micro = WORK[args.shape]
+        micro = args.micro or micro
         config = make_config(
             model_dir,
             Path(tmp) / "ck",
@@ -249,6 +264,7 @@ def main() -> int:
         "device": str(info.device),
         "fsdp": ours.worker.fsdp,
         "threads": torch.get_num_threads(),
+        "micro_batch": micro,
     }
     peak = peak_tflops(args, info.device)
     if peak is not None:

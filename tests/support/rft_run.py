@@ -22,7 +22,14 @@ TINY_MODEL = ROOT / "models" / "tiny"
 
 
 def env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'protos'}"}
+    """This environment with the repository and its protos first on PYTHONPATH; an existing PYTHONPATH
+    (e.g. the GPU check's folder of carried wheels) stays after them."""
+    paths = [
+        str(ROOT),
+        str(ROOT / "protos"),
+        *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep)),
+    ]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
 
 
 def rft_argv(config: Path, *sets: str) -> list[str]:
