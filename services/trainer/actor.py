@@ -180,7 +180,7 @@ class Actor:
             dist.all_gather_object(gathered, extra_keys)
             extra_keys = sorted({k for keys in gathered for k in keys or ()})
         extra_sums = torch.tensor([extra.get(k, 0.0) for k in extra_keys], dtype=torch.float64)
-        if self.info.world_size > 1:
+        if self.info.world_size > 1:  # CPU float64 sums: the gloo side of the default group (`backend_for`)
             dist.all_reduce(extra_sums)
             dist.all_reduce(sums)
             dist.all_reduce(diff[:2])

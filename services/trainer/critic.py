@@ -137,7 +137,7 @@ class Critic:
                     self.optimizer.step()
                 else:
                     self.optimizer.zero_grad(set_to_none=True)
-        if world > 1:
+        if world > 1:  # CPU float64 sums: the gloo side of the default group (`backend_for`)
             dist.all_reduce(sums)
         avg = (sums / max(1, len(norms))).tolist()
         finite = [n for n in norms if math.isfinite(n)]

@@ -2,12 +2,18 @@
 
 Under `torchrun` every rank joins the default group from the environment (`RANK`, `WORLD_SIZE`,
 `MASTER_ADDR`, `MASTER_PORT`).  Without torchrun the process makes a group of one on a free
-loopback port, so FSDP2 and every collective run the same code path with world size 1.  Backend:
-nccl on CUDA, gloo on CPU.
+loopback port, so FSDP2 and every collective run the same code path with world size 1.  Backend
+(`backend_for`): `cpu:gloo,cuda:nccl` on CUDA, as veRL does, so a CPU tensor (the float64 metric
+sums of actor and critic, the pickled objects of `all_gather_object`) goes over gloo and a CUDA
+tensor over NCCL in the same group; gloo alone on CPU.
 
 Rank 0 hosts gRPC and decides what happens; the other ranks sit in `worker_loop` and execute the
 same engine method when rank 0 broadcasts a small `Command` (name + picklable payload).  The
 payload travels between ranks of one job only (never from a file or the network outside it).
+Commands go over the channel's own gloo group, not the default group: a worker rank may wait
+there as long as rank 0 likes (slow first rollouts, an explorer restart, a long weight-sync join)
+without meeting the default group's timeout or NCCL's watchdog, and it still learns at once when
+rank 0 dies, because gloo raises as soon as the peer's connection closes.
 """
 
 from __future__ import annotations
@@ -24,9 +30,11 @@ import torch
 import torch.distributed as dist
 
 __all__ = [
+    "COMMAND_TIMEOUT",
     "Command",
     "CommandChannel",
     "DistInfo",
+    "backend_for",
     "device_for_rank",
     "ensure_process_group",
     "leave_process_group",
@@ -62,11 +70,25 @@ def device_for_rank(local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
+def backend_for(device: torch.device) -> str:
+    """The default group's backend for ranks on `device`.
+
+    On CUDA every collective names its device: CUDA tensors go over NCCL, CPU tensors (metric sums,
+    object collectives) over gloo, in one group.  An NCCL-only group would refuse the CPU ones ("No
+    backend type associated with device type cpu").
+    """
+    return "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
+
+
 def ensure_process_group(timeout_s: float = 1800.0) -> DistInfo:
-    """Join (or create) the default process group and describe this rank."""
+    """Join (or create) the default process group and describe this rank.
+
+    `timeout_s` bounds each collective of the default group (every rank is busy in the same command
+    then); idle worker ranks wait on the command channel's group instead (`COMMAND_TIMEOUT`).
+    """
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = device_for_rank(local_rank)
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    backend = backend_for(device)
     if not dist.is_initialized():
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
             dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
@@ -119,20 +141,36 @@ class Command:
 
 STOP = "stop"
 
+# How long a worker rank may wait for rank 0's next command.  Rank 0 may go quiet for hours (no
+# experiences yet, an explorer restarting, a weight-sync group waiting for its members) and the workers
+# must outlast that; they do not need the timeout to notice rank 0 dying (its connections close).
+# Kept under 2**31 ms (24.8 days), so no layer that holds milliseconds in a 32-bit int can wrap it.
+COMMAND_TIMEOUT = timedelta(days=24)
+
 
 class CommandChannel:
     """Rank 0 broadcasts commands; ranks > 0 run them in `worker_loop` until `stop`.
 
-    With world size 1 `run` just calls the handler (no broadcast).
+    With several ranks, constructing the channel is collective: every rank creates its gloo group
+    (`group`) at set-up, in the same order as its other groups.  Commands travel over it as pickled
+    CPU objects.  With world size 1 there is no group and `run` just calls the handler.
     """
 
-    def __init__(self, info: DistInfo, handlers: dict[str, Callable[[Any], Any]]):
+    def __init__(
+        self,
+        info: DistInfo,
+        handlers: dict[str, Callable[[Any], Any]],
+        timeout: timedelta = COMMAND_TIMEOUT,
+    ):
         self.info = info
         self.handlers = handlers
+        self.group: dist.ProcessGroup | None = None
+        if info.world_size > 1:
+            self.group = dist.new_group(backend="gloo", timeout=timeout)
 
     def _broadcast(self, command: Command | None) -> Command:
         box: list[Any] = [command]
-        dist.broadcast_object_list(box, src=0)
+        dist.broadcast_object_list(box, src=0, group=self.group, device=torch.device("cpu"))
         return box[0]
 
     def run(self, name: str, payload: Any = None) -> Any:
@@ -150,7 +188,10 @@ class CommandChannel:
             self._broadcast(Command(STOP))
 
     def worker_loop(self) -> None:
-        """On ranks > 0: execute broadcast commands until rank 0 sends `stop`."""
+        """On ranks > 0: execute broadcast commands until rank 0 sends `stop`.
+
+        Raises (gloo's error) when rank 0's process ends without sending `stop`.
+        """
         while True:
             command = self._broadcast(None)
             if command.name == STOP:

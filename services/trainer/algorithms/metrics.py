@@ -91,4 +91,5 @@ def rollout_probs_diff(
     diff = (rollout_log_probs.detach().float().exp() - old_log_probs.detach().float().exp()).abs()[keep]
     if diff.numel() == 0:
         return torch.zeros(3, dtype=torch.float64)
-    return torch.stack([diff.sum(), torch.tensor(float(diff.numel())), diff.max()]).double().cpu()
+    # the count on the tensors' device: torch.stack refuses a CPU scalar beside CUDA ones
+    return torch.stack([diff.sum(), diff.new_tensor(float(diff.numel())), diff.max()]).double().cpu()
