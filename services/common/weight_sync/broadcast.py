@@ -17,6 +17,12 @@ goes, so members never disagree; the acknowledgement keeps the sender from overw
 before every receiver is done with it. The sender removes the file when the group closes or its
 process exits (a killed sender leaves it behind). `RFT_WEIGHT_SYNC_SHM=0` turns this off.
 
+The sender takes each tensor where it is: the trainer's gather (`services/trainer/weight_gather.py`)
+leaves the weights on its GPU in the training dtype, so on nccl they are packed into the GPU bucket
+buffers (two of `bucket_bytes`) and broadcast with no host copy; a larger-than-bucket tensor goes
+from its own storage. Every wait is `Connection.wait` (bounded by `timeout_s`; on nccl the
+communicator is aborted before `GroupBrokenError` is raised).
+
 Receivers get `(name, tensor)` pairs in spec order, on the device they asked for; on the comm device
 the tensors are views into the received bucket (copy them or load them; `load_weights` copies).
 `receive` is a generator: consume it fully or close it - closing early drains the remaining buckets
@@ -155,10 +161,10 @@ class BroadcastGroup:
         return self._shm
 
     # ---- collectives -------------------------------------------------------------------------
-    def _bcast(self, tensor: torch.Tensor):
+    def _bcast(self, tensor: torch.Tensor, what: str = "broadcast"):
         opts = dist.BroadcastOptions()
         opts.rootRank = 0
-        return self._conn.pg.broadcast([tensor], opts)
+        return self._conn.launch(lambda pg: pg.broadcast([tensor], opts), what)
 
     def _header(self, version: int, status: int, via_shm: bool = False) -> torch.Tensor:
         vals = [_MAGIC, self.generation, version, self._fp, len(self._plan), status, int(via_shm)]
@@ -168,7 +174,8 @@ class BroadcastGroup:
         flag = torch.tensor([1 if ok else 0], dtype=torch.int64, device=self._conn.device)
         opts = dist.AllreduceOptions()
         opts.reduceOp = dist.ReduceOp.MIN
-        self._conn.wait(self._conn.pg.allreduce([flag], opts), "acknowledgement")
+        work = self._conn.launch(lambda pg: pg.allreduce([flag], opts), "acknowledgement")
+        self._conn.wait(work, "acknowledgement")
         return bool(flag.item() == 1)
 
     def _buffer(self, slot: int) -> torch.Tensor:

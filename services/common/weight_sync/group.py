@@ -16,10 +16,39 @@ gets `WeightSyncError`. Every wait is bounded by `timeout_s`: a member that dies
 others raise `GroupBrokenError`, never hang. A join also takes an `abandon` event, looked at every
 0.5 s while it waits for the host or the other members (`superseded.py` sets it when the synchronizer
 moves to a newer generation). The transfer protocol itself is in `broadcast.py`.
+
+NCCL failure paths. NCCL's own defaults can hang or kill the process, so the nccl backend is built
+so that every failure ends in `GroupBrokenError` within `timeout_s` instead:
+- Two members on one GPU (NCCL refuses them: "Duplicate GPU detected") are caught before NCCL starts:
+  each member writes `host|GPU uuid` into the store before it registers, and after the rendezvous
+  every member compares them (`check_distinct_devices`); the error says to use the same-device
+  path (gloo through shared memory, or `sync_method: memory`). NCCL's own message, should it still
+  come (hosts with other names sharing a GPU), is turned into the same advice.
+- NCCL creates its communicator lazily, at the first collective, and rank 0's part of that waits with
+  no timeout for every member to reach NCCL's bootstrap: a receiver that dies after the store
+  rendezvous would hang rank 0 for ever. So the communicator is non-blocking
+  (`ProcessGroupNCCL.Options().config.blocking = 0`: NCCL initialises in the background and torch
+  polls it) and is connected eagerly right after the rendezvous by one tiny all-reduce, run in a
+  helper thread and waited for at most `timeout_s` (`TORCH_NCCL_NONBLOCKING_TIMEOUT` is also set to
+  `timeout_s` unless the environment sets it; torch reads it once per process); on a timeout or an
+  error the communicator is aborted (`pg.abort()`) and the join raises.
+- Every later wait (`Connection.wait`) polls the work until `timeout_s` and then aborts the
+  communicator itself (NCCL kernels stop) and raises; a launch that fails (`Connection.launch`: a
+  non-blocking launch can time out too) does the same. Torch's watchdog would otherwise detect the
+  same timeout and, under its default `TORCH_NCCL_ASYNC_ERROR_HANDLING=3`, end the whole process.
+  That variable is read when a `ProcessGroupNCCL` is constructed, so it is set to 2 (CleanUpOnly:
+  abort the communicator, never the process) around this group's construction only, unless the
+  environment sets it, and the watchdog's own timeout is set well beyond `timeout_s` so that this
+  module's wait acts first. The trainer's FSDP group keeps torch's defaults.
+Seen on one H200 (torch 2.11+cu130, NCCL 2.28.9): a receiver that registers and exits makes rank 0's
+join raise after about `timeout_s` ("NCCL timeout" of the non-blocking init), and the process is
+still alive and usable after the watchdog's timeout has passed; two members on one GPU fail at once.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
 import threading
 import time
@@ -189,6 +218,126 @@ def open_store(
     )
 
 
+SAME_DEVICE_ADVICE = (
+    "two members of one NCCL group cannot share a GPU (NCCL: 'Duplicate GPU detected'); when the "
+    "trainer and an explorer share a GPU, use the one-GPU placement's same-device path (backend "
+    "gloo with every member on this host, which goes through shared memory) or "
+    "synchronizer.sync_method: memory"
+)
+_WATCHDOG_SLACK = 2.0  # the NCCL watchdog's timeout is this many times the group's, plus a minute
+
+
+def device_key(dev: torch.device) -> str:
+    """`host|GPU uuid` of a CUDA device (what NCCL compares to detect a duplicate GPU); "" on CPU."""
+    if dev.type != "cuda":
+        return ""
+    try:
+        uuid = str(torch.cuda.get_device_properties(dev).uuid)
+    except (RuntimeError, AttributeError, AssertionError):  # no uuid: leave the check to NCCL
+        return ""
+    return f"{socket.gethostname()}|{uuid}"
+
+
+def check_distinct_devices(keys: list[str], rank: int, where: str) -> None:
+    """Raise `GroupBrokenError` (with what to do instead) when two ranks name one GPU in `keys`."""
+    seen: dict[str, int] = {}
+    for r, key in enumerate(keys):
+        if not key:
+            continue
+        if key in seen:
+            raise GroupBrokenError(
+                f"rank {rank} of {where}: ranks {seen[key]} and {r} are on the same GPU "
+                f"({key.split('|', 1)[-1]} on {key.split('|', 1)[0]}); {SAME_DEVICE_ADVICE}"
+            )
+        seen[key] = r
+
+
+@contextlib.contextmanager
+def _nccl_env(timeout_s: float):
+    """Environment read by `ProcessGroupNCCL`'s constructor: no process teardown on a timeout, and
+    a bounded non-blocking init; values the user set are kept."""
+    saved = os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING")
+    if saved is None:
+        os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "2"  # CleanUpOnly
+    os.environ.setdefault("TORCH_NCCL_NONBLOCKING_TIMEOUT", str(max(1, round(timeout_s))))
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("TORCH_NCCL_ASYNC_ERROR_HANDLING", None)
+
+
+def _abort(pg) -> None:
+    with contextlib.suppress(Exception):  # an abort of a half-built communicator may itself fail
+        pg.abort()
+
+
+def _nccl_group(store, rank: int, info: GroupInfo, dev: torch.device, deadline: float, where: str):
+    """A non-blocking `ProcessGroupNCCL`, connected (communicator built) before `deadline`, else
+    aborted with `GroupBrokenError`; see the module docstring."""
+    opts = dist.ProcessGroupNCCL.Options()
+    opts._timeout = timedelta(seconds=info.timeout_s * _WATCHDOG_SLACK + 60)
+    opts.config.blocking = 0
+    with _nccl_env(info.timeout_s):
+        pg = dist.ProcessGroupNCCL(store, rank, info.world_size, opts)
+    outcome: list[BaseException | None] = []
+
+    def connect() -> None:
+        try:
+            torch.cuda.set_device(dev)
+            work = pg.allreduce([torch.ones(1, device=dev)], dist.AllreduceOptions())
+            while not work.is_completed():
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the first all-reduce did not complete")
+                time.sleep(0.001)  # ok-sleep: polling a CUDA event up to a deadline
+            work.wait()
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the joining thread
+            outcome.append(exc)
+
+    thread = threading.Thread(target=connect, name=f"{info.group_name}-nccl-connect", daemon=True)
+    thread.start()
+    thread.join(max(0.0, deadline - time.monotonic()) + 1.0)
+    if outcome and outcome[0] is None:
+        return pg
+    _abort(pg)
+    if not outcome:
+        reason = f"the NCCL communicator was not built within {info.timeout_s:g}s (a member died or stalled)"
+    else:
+        reason = f"connecting NCCL failed: {outcome[0]}"
+        if "duplicate gpu" in reason.lower():
+            reason += f"; {SAME_DEVICE_ADVICE}"
+    raise GroupBrokenError(f"rank {rank} could not join {where}: {reason}")
+
+
+def _where(info: GroupInfo) -> str:
+    return f"{info.group_name} generation {info.generation} at {info.master_address}:{info.master_port}"
+
+
+def rendezvous(
+    info: GroupInfo, rank: int, device: str = "", abandon: threading.Event | None = None
+) -> tuple[dist.TCPStore, dist.PrefixStore]:
+    """The store part of a join: open (rank 0: host) the store, check the generation, publish this
+    member's `device_key` and register as `rank{rank}`. Returns the store and the instance's prefix
+    store; the process group is built on the latter once every member registered."""
+    store = open_store(info, rank, timedelta(seconds=info.timeout_s), abandon)
+    gen_key = f"{info.group_name}/generation"
+    if rank == 0:
+        store.set(gen_key, str(info.generation))
+    else:
+        found = int(store.get(gen_key).decode())
+        if found != info.generation:
+            raise StaleGenerationError(
+                f"member rank {rank} expects generation {info.generation} of {info.group_name} "
+                f"but {info.master_address}:{info.master_port} hosts generation {found}"
+            )
+    prefix = dist.PrefixStore(f"{info.group_name}/g{info.generation}", store)
+    prefix.set(f"device{rank}", device)  # before `rank{r}`: present once that is
+    if prefix.add(f"rank{rank}", 1) != 1:
+        raise WeightSyncError(f"rank {rank} joined {_where(info)} twice")
+    return store, prefix
+
+
 class Connection:
     """A joined group instance: the process-group object, this member's rank and the comm device.
 
@@ -223,28 +372,15 @@ class Connection:
         else:
             dev = torch.device("cpu")
         timeout = timedelta(seconds=info.timeout_s)
-        where = f"{info.group_name} generation {info.generation} at {info.master_address}:{info.master_port}"
+        where = _where(info)
         deadline = time.monotonic() + info.timeout_s
         try:
-            store = open_store(info, rank, timeout, abandon)
-            gen_key = f"{info.group_name}/generation"
-            if rank == 0:
-                store.set(gen_key, str(info.generation))
-            else:
-                found = int(store.get(gen_key).decode())
-                if found != info.generation:
-                    raise StaleGenerationError(
-                        f"member rank {rank} expects generation {info.generation} of {info.group_name} "
-                        f"but {info.master_address}:{info.master_port} hosts generation {found}"
-                    )
-            prefix = dist.PrefixStore(f"{info.group_name}/g{info.generation}", store)
-            if prefix.add(f"rank{rank}", 1) != 1:
-                raise WeightSyncError(f"rank {rank} joined {where} twice")
+            store, prefix = rendezvous(info, rank, device_key(dev), abandon)
             _await_members(prefix, info, rank, deadline, abandon)
             if backend == "nccl":
-                opts = dist.ProcessGroupNCCL.Options()
-                opts._timeout = timeout
-                pg = dist.ProcessGroupNCCL(prefix, rank, info.world_size, opts)
+                keys = [prefix.get(f"device{r}").decode() for r in range(info.world_size)]
+                check_distinct_devices(keys, rank, where)
+                pg = _nccl_group(prefix, rank, info, dev, deadline, where)
             else:
                 pg = dist.ProcessGroupGloo(prefix, rank, info.world_size, timeout)
         except WeightSyncError:
@@ -270,15 +406,45 @@ class Connection:
         return f"weight-sync group {i.group_name} gen {i.generation} ({self.backend}, rank {self.rank}/{i.world_size})"
 
     def wait(self, work, what: str) -> None:
-        """Wait for one collective; any failure marks the group broken and raises `GroupBrokenError`."""
+        """Wait for one collective; any failure marks the group broken and raises `GroupBrokenError`.
+
+        nccl: the work is polled up to `timeout_s`, then the communicator is aborted (its kernels
+        stop) before the error is raised, so neither a hang nor torch's watchdog ends the process."""
         try:
-            work.wait(timedelta(seconds=self.info.timeout_s))
+            if self.backend == "nccl":
+                self._poll(work)
+                work.wait()  # completed: orders the caller's stream after it, raises its error
+            else:
+                work.wait(timedelta(seconds=self.info.timeout_s))
         except Exception as exc:  # gloo raises RuntimeError/DistBackendError with varied messages
-            self.fail(f"{what} failed: {exc}")
-            raise GroupBrokenError(
-                f"{self.describe()}: {what} failed (a member died, stalled past {self.info.timeout_s:g}s "
-                f"or aborted): {exc}"
-            ) from exc
+            raise self._broken(exc, what) from exc
+
+    def launch(self, start, what: str):
+        """`start(pg)` (a collective's launch; returns its work), with a failure turned into
+        `GroupBrokenError` as in `wait` (a non-blocking NCCL launch can fail or time out itself)."""
+        pg = self.pg
+        try:
+            return start(pg)
+        except Exception as exc:  # DistBackendError, RuntimeError
+            raise self._broken(exc, what) from exc
+
+    def _broken(self, exc: Exception, what: str) -> GroupBrokenError:
+        self.fail(f"{what} failed: {exc}")
+        if self.backend == "nccl" and self._pg is not None:
+            _abort(self._pg)
+        return GroupBrokenError(
+            f"{self.describe()}: {what} failed (a member died, stalled past {self.info.timeout_s:g}s "
+            f"or aborted): {exc}"
+        )
+
+    def _poll(self, work) -> None:
+        deadline = time.monotonic() + self.info.timeout_s
+        pause = 50e-6
+        while not work.is_completed():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"not completed within {self.info.timeout_s:g}s")
+            time.sleep(pause)  # ok-sleep: polling a CUDA event up to a deadline
+            pause = min(pause * 2, 0.005)
 
     def fail(self, reason: str) -> None:
         if self.broken is None:
