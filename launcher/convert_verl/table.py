@@ -89,6 +89,14 @@ DIRECT: dict[str, Direct] = {
     },
     # veRL keys the trainer reads under trainer.trainer_config (see compat.TRAINER_CONFIG_KEYS)
     C + "optim.warmup_style": Direct("trainer.trainer_config.critic.optim.lr_scheduler_type"),
+    **{
+        key: Direct(f"trainer.trainer_config.{key}")
+        for key in (
+            A + "fsdp_config.param_offload",
+            A + "fsdp_config.optimizer_offload",
+            "actor_rollout_ref.ref.fsdp_config.param_offload",
+        )
+    },
 }
 
 # veRL defaults (verl/trainer/config/ppo_trainer.yaml) where this project's default means otherwise.
@@ -112,7 +120,10 @@ class NoEquivalent:
 
 
 _PACKED = NoEquivalent("the trainer always packs rows without padding (varlen attention)", same=True)
-_FSDP = NoEquivalent("the trainer shards with FSDP2 and offloads nothing", same=False)
+_FSDP = NoEquivalent(
+    "the trainer shards every decoder layer with FSDP2; of fsdp_config it reads the actor's param_offload "
+    "and optimizer_offload and the reference's param_offload only"
+)
 _LOGPROB = NoEquivalent("log-prob passes use the trainer's micro-batches (trainer.micro_batch_size_per_gpu)")
 _CRITIC_BATCH = NoEquivalent("the critic uses the actor's micro-batches (trainer.micro_batch_size_per_gpu)")
 _ENGINE = NoEquivalent("the rollout engine's own tuning is not exposed")

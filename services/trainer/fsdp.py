@@ -2,8 +2,11 @@
 
 `shard_model` applies `fully_shard` to every decoder layer and then to the root (the layout
 veRL and torchtitan use), with bf16 parameters / fp32 gradient reduction on CUDA and plain fp32 on
-CPU.  Full state dicts are gathered with `get_model_state_dict(full_state_dict=True,
-cpu_offload=True)`, keyed by HF parameter names.
+CPU.  With several ranks or on CUDA a model is built as a meta-device skeleton
+(`meta_parameters`), sharded, and only then given memory (`materialize`: each rank allocates its
+own shards and rank 0 broadcasts the weights it loaded on the CPU), so no device ever holds a full
+copy.  Full state dicts are gathered one parameter at a time (`weight_gather`), keyed by HF
+parameter names.
 
 Only the wrapping is conditional (`uses_fsdp`): with several ranks, or on CUDA (where FSDP2's
 policy gives the bf16 compute), the module is sharded; a single CPU process has nothing to shard,
@@ -18,17 +21,24 @@ step equals the plain one.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
-    get_model_state_dict,
     set_model_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
 from torch.distributed.tensor import DTensor
 
 from services.trainer.distributed import DistInfo
@@ -38,6 +48,8 @@ __all__ = [
     "decoder_layers",
     "full_state_dict",
     "load_full_state_dict",
+    "materialize",
+    "meta_parameters",
     "reshard_after_inference",
     "shard_model",
     "uses_fsdp",
@@ -70,27 +82,87 @@ def shard_model(
     *,
     fsdp: bool | None = None,
     reshard_after_forward: bool | None = None,
+    offload: bool = False,
 ) -> nn.Module:
     """`fully_shard` each decoder layer, then the root; returns the same (now FSDP) module.
 
     `fsdp` None means `uses_fsdp(info)`; when False the module is returned unwrapped.
-    `reshard_after_forward` defaults to True only with several ranks: with one rank resharding
-    saves no memory and would repeat the parameter all-gather in backward.
+    `reshard_after_forward` defaults to True only with several ranks or `offload`: with one rank
+    resharding saves no memory and would repeat the parameter all-gather in backward.  `offload`
+    (veRL's `fsdp_config.param_offload`) keeps the sharded parameters, their gradients and so the
+    optimizer step on the CPU (FSDP2's `CPUOffloadPolicy`); each layer's parameters come to the
+    device only for its forward and backward.  On a meta-device skeleton (`meta_parameters`) this
+    only lays out the shards; `materialize` then allocates and fills them.
     """
     if not (uses_fsdp(info) if fsdp is None else fsdp):
         return model
     if reshard_after_forward is None:
-        reshard_after_forward = info.world_size > 1
+        reshard_after_forward = info.world_size > 1 or offload
     mesh = init_device_mesh(info.device.type, (info.world_size,))
     mp = (
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         if info.device.type == "cuda"
         else MixedPrecisionPolicy()
     )
+    placement = CPUOffloadPolicy(pin_memory=info.device.type == "cuda") if offload else OffloadPolicy()
+    kwargs = {"mesh": mesh, "mp_policy": mp, "reshard_after_forward": reshard_after_forward}
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+        fully_shard(layer, offload_policy=placement, **kwargs)
+    fully_shard(model, offload_policy=placement, **kwargs)
     return model
+
+
+@contextmanager
+def meta_parameters() -> Iterator[None]:
+    """Build modules with their parameters on the meta device (no memory, no values) and their
+    buffers real: a model skeleton that `shard_model` lays out and `materialize` fills.
+
+    Buffers stay real because many are not in the state dict (rotary `inv_freq`, computed from the
+    config at construction), so no checkpoint could fill them later.  Parameters created through
+    `register_parameter` (every `nn.Module` attribute assignment) land on meta; tied parameters stay
+    one object, so a tie made at construction survives."""
+    register = nn.Module.register_parameter
+
+    def on_meta(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
+        register(module, name, param)
+        if param is not None and param.device.type != "meta":
+            kwargs = dict(param.__dict__, requires_grad=param.requires_grad)
+            module._parameters[name] = type(param)(param.to("meta"), **kwargs)  # type: ignore[assignment]
+
+    nn.Module.register_parameter = on_meta  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        nn.Module.register_parameter = register  # type: ignore[method-assign]
+
+
+def materialize(
+    model: nn.Module, info: DistInfo, state: dict[str, torch.Tensor], *, offload: bool = False
+) -> None:
+    """Allocate the shards of a sharded skeleton and fill them from `state`, the full state dict on
+    rank 0 (on CPU; other ranks pass an empty dict); collective.
+
+    Each rank allocates only its own shards (on the CPU when `offload`), and rank 0 broadcasts one
+    tensor at a time, so no rank ever holds the full model on the device.  The skeleton's buffers
+    (computed at construction) are kept, on the device; persistent ones are overwritten by `state`."""
+    home = torch.device("cpu") if offload else info.device
+    buffers = dict(model.named_buffers())
+    model.to_empty(device=home)
+    for name, buffer in buffers.items():  # every tensor on `home`: the load below wants one device
+        _set_buffer(model, name, buffer.to(home))
+    set_model_state_dict(
+        model,
+        state if info.is_main else {},
+        options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
+    )
+    if offload:  # offloading moves parameters only; buffers are used where the layers compute
+        for name, buffer in list(model.named_buffers()):
+            _set_buffer(model, name, buffer.to(info.device))
+
+
+def _set_buffer(model: nn.Module, name: str, value: torch.Tensor) -> None:
+    owner, _, leaf = name.rpartition(".")
+    model.get_submodule(owner)._buffers[leaf] = value
 
 
 def reshard_after_inference(module: nn.Module) -> None:
@@ -105,17 +177,18 @@ def reshard_after_inference(module: nn.Module) -> None:
         module.reshard()
 
 
-def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The full (unsharded) state dict on CPU, on rank 0 (other ranks get an empty dict).
+def full_state_dict(
+    model: nn.Module, dtype: torch.dtype | None = None, device: str | torch.device | None = "cpu"
+) -> dict[str, torch.Tensor]:
+    """The full (unsharded) state dict on `device` (None: the training device), on rank 0 (other
+    ranks get an empty dict); floating tensors in `dtype` (None: as trained).
 
-    Collective: every rank must call it.  Tensors are private copies (safe to write in a thread).
+    Collective: every rank must call it.  Tensors are private copies (safe to write in a thread),
+    gathered one parameter at a time with one copy each (`weight_gather.iter_full_tensors`).
     """
-    if not any(isinstance(p, DTensor) for p in model.parameters()):
-        # a plain module (one process): its own state dict, without the distributed API's walk over
-        # every submodule (a few ms per call on a small model, paid at every weight sync)
-        return {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
-    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    return {k: v.detach().clone() for k, v in sd.items()}
+    from services.trainer.weight_gather import gather_full  # weight_gather is the one implementation
+
+    return gather_full(model, dtype=dtype, device=device)
 
 
 def load_full_state_dict(model: nn.Module, state: dict[str, torch.Tensor], strict: bool = True) -> None:

@@ -4,6 +4,10 @@ AdamW (Trinity-RFT's `adam` means the same: decoupled weight decay), with a line
 (`lr_warmup_steps`, or `lr_warmup_steps_ratio` x total steps) followed by a constant or cosine
 schedule that ends at `min_lr_ratio` x lr — the shapes of veRL's `get_constant_schedule_with_warmup`
 and `get_cosine_schedule_with_warmup`.  The schedule advances once per trainer step.
+
+`move_optimizer_state` is veRL's `offload_fsdp_optimizer` / `load_fsdp_optimizer`
+(`fsdp_config.optimizer_offload`): AdamW's two moments are twice the trainable parameters' bytes,
+so the trainer keeps them on the CPU between updates and brings them to the device only for one.
 """
 
 from __future__ import annotations
@@ -12,10 +16,11 @@ import math
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from services.trainer.settings import OptimSettings
 
-__all__ = ["build_optimizer", "build_scheduler", "lr_factor"]
+__all__ = ["build_optimizer", "build_scheduler", "lr_factor", "move_optimizer_state"]
 
 
 def build_optimizer(model: nn.Module, s: OptimSettings) -> torch.optim.Optimizer:
@@ -49,3 +54,19 @@ def build_scheduler(
     optimizer: torch.optim.Optimizer, s: OptimSettings, total_steps: int | None
 ) -> torch.optim.lr_scheduler.LambdaLR:
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, s, total_steps))
+
+
+def move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device | str | None = None) -> int:
+    """Move every per-parameter state tensor (AdamW's moments; sharded `DTensor`s too) to `device`,
+    or with None to the device of its parameter's (local) values; returns the bytes moved.  Scalars
+    (the `step` counter) stay where the optimizer keeps them: on the CPU for the foreach kernel, on
+    the device for the fused one.  Values are copied exactly."""
+    moved = 0
+    for param, state in optimizer.state.items():
+        local = param.to_local() if isinstance(param, DTensor) else param
+        target = local.device if device is None else torch.device(device)
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and value.dim() > 0 and value.device != target:
+                state[key] = value.to(target)
+                moved += value.numel() * value.element_size()
+    return moved

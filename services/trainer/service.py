@@ -37,7 +37,8 @@ from services.common.rpc.client import create_channel
 from services.common.rpc.server import Registration
 from services.common.sync_client import SyncClient
 from services.common.sync_hooks import TrainerSyncHook
-from services.common.weight_sync import TransportOptions, WeightSyncError
+from services.common.weight_sync import WeightSyncError
+from services.common.weight_sync.transport import transport_options
 from services.trainer.core import PreconditionError, TrainerCore
 from services.trainer.distributed import DistInfo, ensure_process_group, leave_process_group
 from services.trainer.engine import FSDPEngine
@@ -70,18 +71,6 @@ def build_core(
     return TrainerCore(engine.worker.settings, engine, source, monitor, max_staleness=bound)
 
 
-def _transport_options(config: RFTConfig, info: DistInfo, settings: TrainerSettings) -> TransportOptions:
-    s = config.synchronizer
-    return TransportOptions(
-        device=str(info.device),
-        timeout_s=s.sync_timeout,
-        bucket_bytes=s.bucket_bytes,
-        master_address=config.services.trainer.host,
-        chunk_bytes=s.chunk_bytes,
-        checkpoint_dir=str(settings.job_dir / "state_dicts"),
-    )
-
-
 async def build(config: RFTConfig) -> tuple[Sequence[Registration], Callable[[], Awaitable[None]] | None]:
     """`service_main` hook for rank 0."""
     info = ensure_process_group()
@@ -98,7 +87,9 @@ async def build(config: RFTConfig) -> tuple[Sequence[Registration], Callable[[],
     weight_sync = WeightSync(
         core,
         method=config.synchronizer.sync_method,
-        options=_transport_options(config, info, settings),
+        options=transport_options(
+            config, device=str(info.device), checkpoint_dir=str(settings.job_dir / "state_dicts")
+        ),
         push=_push_to(client) if client is not None else None,
         digest=config.synchronizer.weight_digest,
     )

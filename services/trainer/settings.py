@@ -10,6 +10,10 @@ are understood (a mini-batch is counted in prompts there, so it is multiplied by
     actor_rollout_ref.actor.ppo_max_token_len_per_gpu    token budget of a dynamic micro-batch
     actor_rollout_ref.actor.use_dynamic_bsz              overrides trainer.use_dynamic_bsz
     actor_rollout_ref.model.enable_gradient_checkpointing recompute activations in the backward pass
+    actor_rollout_ref.actor.fsdp_config.param_offload    the policy's shards, grads and optimizer step
+                                                          on the CPU (FSDP2 CPUOffloadPolicy)
+    actor_rollout_ref.actor.fsdp_config.optimizer_offload the optimizer state on the CPU between updates
+    actor_rollout_ref.ref.fsdp_config.param_offload      the reference model's shards on the CPU
     critic.optim.{lr,lr_warmup_steps,lr_warmup_steps_ratio,min_lr_ratio,lr_scheduler_type,weight_decay}
     critic.cliprange_value, critic.grad_clip
     algorithm.kl_ctrl.{type,kl_coef,target_kl,horizon}   the reward-KL controller (merged into
@@ -121,6 +125,10 @@ class TrainerSettings:
     dtype: str = "auto"
     # recompute the policy's activations in the backward pass (less memory, same gradients)
     gradient_checkpointing: bool = False
+    # veRL's fsdp_config offload switches (services/trainer/worker.py; no-ops in a plain CPU process)
+    param_offload: bool = False
+    optimizer_offload: bool = False
+    ref_param_offload: bool = False
     # the buffer's capacity (experiences): batches held unacked until a durable step count against it
     buffer_capacity: int = 10_000
     # the rollout's response length cap (the DAPO reward manager's default max_resp_len)
@@ -241,6 +249,9 @@ class TrainerSettings:
             gradient_checkpointing=bool(
                 extra.get("actor_rollout_ref.model.enable_gradient_checkpointing", False)
             ),
+            param_offload=bool(extra.get("actor_rollout_ref.actor.fsdp_config.param_offload", False)),
+            optimizer_offload=bool(extra.get("actor_rollout_ref.actor.fsdp_config.optimizer_offload", False)),
+            ref_param_offload=bool(extra.get("actor_rollout_ref.ref.fsdp_config.param_offload", False)),
             buffer_capacity=config.buffer.trainer_input.experience_buffer.capacity,
             max_response_tokens=(res.response_limit(tasksets[0]) if tasksets else res.max_response_tokens),
             rollout_correction=RolloutISConfig(

@@ -14,19 +14,23 @@ itself, so the prompt is computed once per group instead of once per sample.  Re
 transformers builds no mask for it (it is not in `ALL_MASK_ATTENTION_FUNCTIONS`).
 
 `enable(module)` switches a transformers model to it when the model's attention is sdpa or eager;
-`load_packed_model(path, dtype)` loads a model for the trainer (policy, reference, critic body) with it.
+`load_packed_model(path, dtype)` loads a model for the trainer (policy, reference, critic body) with it,
+or (`meta=True`) builds the weightless skeleton of one for sharded loading.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import AttentionInterface
+from transformers import AttentionInterface, AutoConfig, AutoModelForCausalLM, GenerationConfig
 
-from services.common.modeling import load_model
+from services.common.model_folder import local_folder
+from services.common.modeling import load_model, resolve_dtype
+from services.trainer.fsdp import meta_parameters
 
 __all__ = ["NAME", "enable", "load_packed_model", "segments", "varlen_sdpa_attention"]
 
@@ -199,9 +203,21 @@ def enable(module: nn.Module) -> bool:
     return True
 
 
-def load_packed_model(path: str, dtype: str = "float32") -> nn.Module:
+def load_packed_model(path: str, dtype: str = "float32", *, meta: bool = False) -> nn.Module:
     """`modeling.load_model`, with this attention where it applies: every model the trainer runs on
-    packed rows is loaded here."""
-    model = load_model(path, dtype=dtype)
+    packed rows is loaded here.
+
+    `meta`: the same model built from the folder's config with its parameters on the meta device
+    (`fsdp.meta_parameters`; no weights read, no memory), the skeleton that sharded loading fills."""
+    if not meta:
+        model = load_model(path, dtype=dtype)
+    else:
+        folder = local_folder(path)
+        with meta_parameters():
+            model = AutoModelForCausalLM.from_config(
+                AutoConfig.from_pretrained(folder), dtype=resolve_dtype(dtype)
+            )
+        if (Path(folder) / "generation_config.json").is_file():
+            model.generation_config = GenerationConfig.from_pretrained(folder)
     enable(model)
     return model

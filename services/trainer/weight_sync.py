@@ -7,7 +7,9 @@
   the authority on generations and ports (it rebuilds the group when explorers come and go), so the
   trainer takes its `GroupInfo` as given instead of offering one (`TrainerSyncHook.join_group`).
 - `teardown(generation)`: leaves the group.
-- `sync(method)`: gathers the full state dict (a collective over the trainer ranks) and hands it to
+- `sync(method)`: gathers the full state dict (a collective over the trainer ranks, one parameter at
+  a time in the training compute dtype, `weight_gather`: kept on the GPU for a broadcast method, one
+  host copy for the others) and hands it to
   the method's strategy (`services.common.weight_sync.method.SyncMethod.send`) with what it may send
   through: the joined broadcast group, the `push` to the synchronizer (`PushWeights`) and the
   transport options (checkpoints go under `<job_dir>/state_dicts/`). The version sent is the
@@ -27,6 +29,7 @@ import dataclasses
 import threading
 import time
 
+import torch
 from rft.v1 import common_pb2
 
 from services.common.registry import UnknownNameError
@@ -39,10 +42,12 @@ from services.common.weight_sync import (
     specs_of,
     weights_digest,
 )
+from services.common.weight_sync.group import resolve_backend
 from services.common.weight_sync.method import PushFn, Sender, sync_method
 from services.trainer.core import InvalidRequest, PreconditionError, TrainerCore, TrainerState
+from services.trainer.weight_gather import FULL, FULL_ON_DEVICE
 
-__all__ = ["Snapshot", "SyncResult", "WeightSync"]
+__all__ = ["Snapshot", "SyncResult", "WeightSync", "broadcasts_on_device"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +58,16 @@ class SyncResult:
     seconds: float
     nbytes: int
     digest: str = ""
+
+
+def broadcasts_on_device(backend: str, device: str) -> bool:
+    """Whether a broadcast group of `backend` sends from the training `device` (NCCL on CUDA). A gloo
+    group (a CPU trainer, or the one-GPU placement's same-device path) sends host tensors: on one host
+    through /dev/shm, so the snapshot is gathered to the host once."""
+    try:
+        return resolve_backend(backend, torch.device(device)) == "nccl"
+    except ValueError:  # nccl asked for on a CPU trainer: joining the group reports it
+        return False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,11 +115,22 @@ class WeightSync:
     async def snapshot(self, method: str = "") -> Snapshot:
         """The current weights (what `method` sends: the whole policy or a LoRA adapter) with their
         version and step, gathered under the core's lock (a step in flight finishes first), for a
-        `sync` that may run while the next step trains."""
-        kind = sync_method(method or self.method).state_kind
+        `sync` that may run while the next step trains. In the training compute dtype; a broadcast
+        method's full policy stays on the training device (no host copy), the others get one host
+        copy (`weight_gather`)."""
+        m = sync_method(method or self.method)
+        kind = m.state_kind
+        if m.broadcast and kind == FULL and self._broadcasts_on_device():
+            kind = FULL_ON_DEVICE
         async with self.core._lock:
             state = dict(await asyncio.to_thread(lambda: dict(self.core.engine.iter_state_dict(kind))))
             return Snapshot(state, self.core.model_version, self.core.global_step)
+
+    def _broadcasts_on_device(self) -> bool:
+        info = self.joined or self.offered
+        return broadcasts_on_device(
+            info.backend if info is not None else self.options.backend, self.options.device
+        )
 
     async def specs(self) -> tuple[TensorSpec, ...]:
         if self._specs is None:

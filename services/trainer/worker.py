@@ -12,19 +12,26 @@ followed by `compute_data_metrics` and timing / throughput metrics.
 
 Models are wrapped by `fsdp.shard_model`: FSDP2 with several ranks or on CUDA, the plain module in
 a single CPU process (`fsdp` forces either; the rest of the code does not depend on the choice).
+Sharded models are never whole on the device (`FSDPWorker._build`): every rank shards a meta-device
+skeleton and receives its shards of the weights rank 0 loaded on the CPU.  The reference model is
+bf16 on CUDA (it is never trained, so it needs no fp32 master).  veRL's `fsdp_config` offload keys
+(`TrainerSettings.param_offload`, `optimizer_offload`, `ref_param_offload`) keep the sharded
+parameters (FSDP2 `CPUOffloadPolicy`) or the actor's optimizer state (between updates) on the CPU.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+import warnings
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import save_file
+from torch import nn
 
 from services.common.modeling import load_tokenizer
 from services.trainer.actor import Actor
@@ -32,16 +39,26 @@ from services.trainer.advantage_stage import shape_rewards_and_advantages
 from services.trainer.algorithms import apply_rollout_correction, compute_data_metrics, make_kl_controller
 from services.trainer.checkpoint import CheckpointManager, Role
 from services.trainer.collate import StepBatch, check_pairs
-from services.trainer.critic import Critic, load_value_model
+from services.trainer.critic import Critic, ValueModel, load_value_model
 from services.trainer.distributed import DistInfo
-from services.trainer.fsdp import full_state_dict, shard_model, uses_fsdp
+from services.trainer.fsdp import full_state_dict, materialize, meta_parameters, shard_model, uses_fsdp
 from services.trainer.lora import adapter_state_dict, apply_lora, merged_state_dict, save_adapter
-from services.trainer.optim import build_optimizer, build_scheduler
+from services.trainer.optim import build_optimizer, build_scheduler, move_optimizer_state
 from services.trainer.reward_stage import apply_reward_manager, make_reward_manager
 from services.trainer.settings import TrainerSettings
 from services.trainer.varlen_attention import load_packed_model
 
-__all__ = ["FSDPWorker"]
+__all__ = ["FSDPWorker", "enable_gradient_checkpointing"]
+
+
+def enable_gradient_checkpointing(model: nn.Module) -> None:
+    """Recompute each layer's activations in the backward pass (non-reentrant checkpointing).
+    `activation_checkpointing_enable` is transformers 5's name; older releases (some GPU images)
+    have only `gradient_checkpointing_enable`."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 @contextmanager
@@ -60,16 +77,24 @@ class FSDPWorker:
         self.fsdp = uses_fsdp(info) if fsdp is None else fsdp
         torch.manual_seed(settings.seed)
         dtype = "float32"  # master weights; bf16 compute on CUDA comes from the FSDP2 policy
-        policy = load_packed_model(settings.model_path, dtype=dtype)
-        if settings.gradient_checkpointing:  # veRL actor_rollout_ref.model.enable_gradient_checkpointing
-            policy.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        self.hf_config = policy.config
-        self.generation_config = getattr(policy, "generation_config", None)
         self.tokenizer = load_tokenizer(settings.model_path)
         self.pad_token_id = int(self.tokenizer.pad_token_id or 0)
-        if settings.lora is not None:  # wrapped before sharding; only the adapter is trainable
-            policy = apply_lora(policy, settings.lora)
-        self.policy = shard_model(policy.to(info.device), info, fsdp=self.fsdp)
+
+        def policy_model(meta: bool) -> nn.Module:
+            policy = load_packed_model(settings.model_path, dtype=dtype, meta=meta)
+            if settings.gradient_checkpointing:  # veRL actor_rollout_ref.model.enable_gradient_checkpointing
+                enable_gradient_checkpointing(policy)
+            if settings.lora is not None:  # wrapped before sharding; only the adapter is trainable
+                with warnings.catch_warnings():
+                    # a saved adapter (`path`) loads into the skeleton's meta parameters as a no-op
+                    # (rank 0's real copy brings the values); torch warns once per tensor
+                    warnings.filterwarnings("ignore", ".*copying from a non-meta parameter", UserWarning)
+                    policy = apply_lora(policy, settings.lora)
+            return policy
+
+        self.policy = self._build(policy_model, offload=settings.param_offload)
+        self.hf_config = self.policy.config  # a LoRA wrapper forwards both to the HF model
+        self.generation_config = getattr(self.policy, "generation_config", None)
         optim = build_optimizer(self.policy, settings.actor_optim)
         self.actor = Actor(self.policy, optim, settings, info)
         self.actor_scheduler = build_scheduler(optim, settings.actor_optim, settings.total_steps)
@@ -77,25 +102,62 @@ class FSDPWorker:
         if settings.use_reference and settings.lora is not None:  # the policy with adapters disabled
             self.ref = Actor(self.policy, None, settings, info, adapters_disabled=True)
         elif settings.use_reference:
-            ref = load_packed_model(settings.model_path, dtype=dtype).to(info.device)
-            ref.requires_grad_(False)
-            self.ref = Actor(shard_model(ref.eval(), info, fsdp=self.fsdp), None, settings, info)
+            # never trained: no fp32 master on CUDA (bf16 is what FSDP2 computes in anyway); fp32 on
+            # the CPU, where the numbers must not move
+            ref_dtype = "bfloat16" if info.device.type == "cuda" else "float32"
+
+            def ref_model(meta: bool) -> nn.Module:
+                ref = load_packed_model(settings.model_path, dtype=ref_dtype, meta=meta)
+                return ref.requires_grad_(False)
+
+            ref = self._build(ref_model, offload=settings.ref_param_offload)
+            self.ref = Actor(ref.eval(), None, settings, info)
         self.critic: Critic | None = None
         self.critic_scheduler = None
         if settings.use_critic:
-            value_model = shard_model(
-                load_value_model(settings.critic_model_path, dtype, settings.seed).to(info.device),
-                info,
-                fsdp=self.fsdp,
-            )
-            critic_optim = build_optimizer(value_model, settings.critic_optim)
-            self.critic = Critic(value_model, critic_optim, settings, info)
+
+            def value_model(meta: bool) -> nn.Module:
+                if not meta:
+                    return load_value_model(settings.critic_model_path, dtype, settings.seed)
+                with meta_parameters():
+                    lm = load_packed_model(settings.critic_model_path, dtype=dtype, meta=True)
+                    return ValueModel(lm.model, lm.config.hidden_size)
+
+            value_module = self._build(value_model)
+            critic_optim = build_optimizer(value_module, settings.critic_optim)
+            self.critic = Critic(value_module, critic_optim, settings, info)
             self.critic_scheduler = build_scheduler(critic_optim, settings.critic_optim, settings.total_steps)
         self.kl_ctrl = make_kl_controller(settings.preset.kl_penalty_fn_args)
         self.reward_manager = make_reward_manager(
             settings.preset, self.tokenizer, settings.max_response_tokens
         )
         self.checkpoints = CheckpointManager(settings.job_dir, info, settings.max_checkpoints_to_keep)
+
+    def _build(self, load: Callable[[bool], nn.Module], offload: bool = False) -> nn.Module:
+        """The sharded module `load(meta)` describes, never whole on the device.
+
+        With FSDP every rank builds the skeleton (`load(True)`: parameters on the meta device) and
+        shards it; rank 0 alone loads the weights (`load(False)`, on the CPU) and `fsdp.materialize`
+        gives each rank its shards of them.  A plain module (one CPU process) is loaded as it is."""
+        if not self.fsdp:
+            return load(False).to(self.info.device)
+        state = load(False).state_dict() if self.info.is_main else {}
+        module = shard_model(load(True), self.info, fsdp=True, offload=offload)
+        materialize(module, self.info, state, offload=offload)
+        return module
+
+    @contextmanager
+    def _optimizer_on_device(self) -> Iterator[None]:
+        """With `optimizer_offload`, the actor's optimizer state beside its parameters inside (on the
+        device; on the CPU with `param_offload`, where the optimizer step runs), on the CPU after."""
+        if not self.settings.optimizer_offload:
+            yield
+            return
+        move_optimizer_state(self.actor.optimizer)
+        try:
+            yield
+        finally:
+            move_optimizer_state(self.actor.optimizer, "cpu")
 
     # ---- one step ---------------------------------------------------------------------------------
     def train_step(self, step: StepBatch) -> dict[str, float]:
@@ -129,7 +191,7 @@ class FSDPWorker:
                 metrics |= self.critic.update_critic(step)
             assert self.critic_scheduler is not None
             self.critic_scheduler.step()
-        with _timer(timings, "update_actor"):
+        with _timer(timings, "update_actor"), self._optimizer_on_device():
             metrics |= self.actor.update_policy(step)
         self.actor_scheduler.step()
         elapsed = time.perf_counter() - start
@@ -157,9 +219,10 @@ class FSDPWorker:
     def save_checkpoint(self, request: dict[str, Any]) -> str:
         """Stage and start writing `global_step_<step>`; `request`: step, save_as_hf, trainer_state."""
         state = dict(request["trainer_state"]) | {"kl_coef": self.kl_ctrl.value}
-        folder = self.checkpoints.save(
-            request["step"], self.roles(), state, self.export_hf if request["save_as_hf"] else None
-        )
+        with self._optimizer_on_device():  # staged (copied) here; written from the copies
+            folder = self.checkpoints.save(
+                request["step"], self.roles(), state, self.export_hf if request["save_as_hf"] else None
+            )
         if request.get("block"):
             self.checkpoints.wait()
         return str(folder)
@@ -168,7 +231,8 @@ class FSDPWorker:
         self.checkpoints.wait()
 
     def load_checkpoint(self, folder: str) -> dict[str, Any]:
-        state = self.checkpoints.load(Path(folder), self.roles())
+        with self._optimizer_on_device():
+            state = self.checkpoints.load(Path(folder), self.roles())
         self.kl_ctrl.value = float(state.get("kl_coef", self.kl_ctrl.value))
         return state
 
@@ -192,12 +256,20 @@ class FSDPWorker:
 
     # ---- weights for sync -------------------------------------------------------------------------
     def gather_state_dict(self, kind: Any = None) -> dict[str, torch.Tensor]:
-        """Full policy state dict on rank 0 (HF names), empty elsewhere; collective.  With LoRA the
-        adapter is merged into the base weights (the explorer loads them under the base names), or,
-        `kind` "adapter", only the adapter is returned (`lora.adapter_state_dict`)."""
-        state = full_state_dict(self.policy)
-        if self.settings.lora is not None and state:
-            if kind == "adapter":
-                return adapter_state_dict(self.policy, state)
-            return merged_state_dict(self.policy, state)
-        return state
+        """Full policy state dict on rank 0 (HF names), empty elsewhere; collective.  In the training
+        compute dtype (`weight_gather`), one host copy; `kind` "full@device" leaves it on the training
+        device (the nccl method).  With LoRA the adapter is merged into the base weights (the explorer
+        loads them under the base names; merged on the host in fp32, then cast), or, `kind`
+        "adapter", only the adapter is returned (`lora.adapter_state_dict`)."""
+        from services.trainer import weight_gather as wg  # the one gather for weight sync
+
+        what, on_device = wg.parse_kind(kind)  # "full@device": left on the GPU for the nccl method
+        dtype = wg.compute_dtype(self.policy)  # the wire dtype: bf16 on CUDA, as trained on CPU
+        if self.settings.lora is None:
+            return full_state_dict(self.policy, dtype, None if on_device else "cpu")
+        state = full_state_dict(self.policy)  # the merge reads fp32 A, B and W; cast after it
+        if not state:
+            return state
+        if what == wg.ADAPTER:
+            return adapter_state_dict(self.policy, state)
+        return wg.cast_state(merged_state_dict(self.policy, state), dtype)

@@ -211,13 +211,13 @@ def test_trainer_folders_resume_and_eval_cadence():
 
 def test_keys_without_equivalent_become_comments_and_warnings():
     c = conv(
-        "actor_rollout_ref.model.use_remove_padding=True actor_rollout_ref.actor.fsdp_config.param_offload=True "
+        "actor_rollout_ref.model.use_remove_padding=True critic.model.fsdp_config.param_offload=True "
         "+my.custom.key=1 --config-name=ppo_megatron_trainer"
     )
     assert "# veRL actor_rollout_ref.model.use_remove_padding=True: nothing to set (" in c.yaml
     assert (
-        "# veRL actor_rollout_ref.actor.fsdp_config.param_offload=True: no equivalent "
-        "(the trainer shards with FSDP2 and offloads nothing)" in c.yaml
+        "# veRL critic.model.fsdp_config.param_offload=True: no equivalent "
+        "(the trainer shards every decoder layer with FSDP2; of fsdp_config it reads" in c.yaml
     )
     assert "# veRL my.custom.key=1: no equivalent (not a key this converter knows)" in c.yaml
     assert "argument '--config-name=ppo_megatron_trainer' is not a key=value override; ignored" in c.warnings
@@ -253,7 +253,8 @@ def test_no_key_is_written_that_has_no_effect_here():
     assert config_warnings(load_config(text=c.yaml, environ=ENV)) == []
     assert not has(c, "explorer.rollout_model.enforce_eager")
     assert "# veRL actor_rollout_ref.rollout.enforce_eager=True: no equivalent (" in c.yaml
-    assert sum("gpu_memory_utilization=0.5: no equivalent" in w for w in c.warnings) == 1
+    # read by the hf engine too (its share of a GPU it shares with the trainer): carried over
+    assert at(c, "explorer.rollout_model.gpu_memory_utilization") == 0.5
 
 
 def test_lora_keys_become_one_lora_config():
@@ -267,3 +268,16 @@ def test_lora_keys_become_one_lora_config():
     off = conv(f"{m}lora_rank=0 {m}lora_alpha=16")
     assert load_config(text=off.yaml, environ=ENV).model.lora_configs == []
     assert not any("lora" in w for w in off.warnings)
+
+
+def test_offload_keys_map_to_the_keys_the_trainer_reads():
+    f = "fsdp_config."
+    c = conv(
+        f"actor_rollout_ref.actor.{f}param_offload=True actor_rollout_ref.actor.{f}optimizer_offload=True "
+        f"actor_rollout_ref.ref.{f}param_offload=True"
+    )
+    config = load_config(text=c.yaml, environ=ENV)
+    assert config_warnings(config) == []
+    settings = TrainerSettings.from_config(config)
+    assert (settings.param_offload, settings.optimizer_offload, settings.ref_param_offload) == (True, True, True)
+    assert not any("offload" in w for w in c.warnings)
