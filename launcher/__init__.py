@@ -8,7 +8,8 @@ only to check a config's names (names.py).
     names.py         every registry name and `module:object` plug-in of the config resolves (before any start)
     plan.py          stages, which processes each mode needs, the config every process reads
     gpus.py          which GPUs each process sees (CUDA_VISIBLE_DEVICES from cluster.gpu_per_node)
-    preflight.py     Redis answers, monitor package installed, model folder there (before any start)
+    preflight.py     Redis answers, monitor package installed, model folder there, the memory plan
+                     fits the GPUs (before any start)
     processes.py     one child process: log file, port file, health, SIGTERM then SIGKILL
     runner.py        one stage: its processes, the progress display, the offline-data feeder
     supervisor.py    start in waves, supervise, restart what fails (`services.max_restarts`), stop in order
@@ -32,10 +33,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from launcher.gpus import stage_gpus
+from launcher.gpus import host_cuda, stage_gpus
 from launcher.names import check_config
 from launcher.plan import Stage, plan_stages
-from launcher.preflight import PreflightError, preflight
+from launcher.preflight import PreflightError, memory_problems, preflight
 from launcher.runner import StageFailed, StageOptions, StageRun, stage_total_steps, train_batch_size
 from launcher.summary import (
     earlier_wall_time,
@@ -211,11 +212,16 @@ def run(
     if explorers > 1 and any(stage.config.mode == "serve" for stage in stages):
         _err("--explorers: mode serve runs one explorer (one endpoint); drop --explorers")
         return EXIT_CONFIG
+    cuda = host_cuda(os.environ)
     try:  # every stage's GPUs fit before the first one starts
         for stage in stages:
-            stage_gpus(stage.config, explorers, os.environ)
+            stage_gpus(stage.config, explorers, os.environ, cuda_devices=cuda.devices)
     except GpuPlacementError as exc:
         _err(f"{f'stage {stage.name!r}: ' if stage.name else ''}{exc}")
+        return EXIT_CONFIG
+    too_big = memory_problems([s.config for s in stages], cuda.memory_gib, explorers)
+    if too_big:  # the memory plan (`rft config show` prints it)
+        _err("the GPUs cannot hold this run:\n" + "\n".join(f"  {p}" for p in too_big))
         return EXIT_CONFIG
     try:
         preflight([s.config for s in stages])

@@ -65,18 +65,28 @@ def config_check(
     plugin_dir: PluginOpt = None,
 ) -> None:
     """Validate FILE; exit 2 with the bad path, value and a suggestion when it is wrong. The model
-    folders and data files must exist, relative to the current directory, as `rft run` checks."""
+    folders and data files must exist, relative to the current directory, as `rft run` checks, and
+    the memory plan must fit the GPUs (cluster.gpu_memory_gib each)."""
     from launcher.plan import plan_stages
-    from launcher.preflight import path_problems
+    from launcher.preflight import memory_problems, path_problems
 
     config = _load(file, set_)
     r = resolve(config)
     _warn(config)
     config = _check_names(file, config, plugin_dir)  # every registry name and plug-in resolves
-    problems = [] if skip_paths else path_problems([s.config for s in plan_stages(config)])
+    stages = [s.config for s in plan_stages(config)]
+    problems = [] if skip_paths else path_problems(stages)
     if problems:
         typer.echo(
             f"{file}: paths `rft run` would refuse:\n" + "\n".join(f"  {p}" for p in problems), err=True
+        )
+        raise typer.Exit(2)
+    too_big = memory_problems(stages)
+    if too_big:
+        typer.echo(
+            f"{file}: the GPUs cannot hold this run (memory plan; `rft config show` prints it):\n"
+            + "\n".join(f"  {p}" for p in too_big),
+            err=True,
         )
         raise typer.Exit(2)
     typer.echo(
@@ -88,7 +98,9 @@ def config_check(
 
 @config_app.command("show")
 def config_show(file: Path, set_: SetOpt = None, plugin_dir: PluginOpt = None) -> None:
-    """Print the full config with every default filled in (plugin_dirs absolute), then the derived values."""
+    """Print the full config with every default filled in (plugin_dirs absolute), then the derived
+    values, then the memory plan: GiB per component per GPU of the placement."""
+    from services.common.config.memory_plan import memory_plan
     from services.common.plugins import resolve_plugin_dirs
 
     config = _load(file, set_)
@@ -109,13 +121,21 @@ def config_show(file: Path, set_: SetOpt = None, plugin_dir: PluginOpt = None) -
         "gpu_placement": {
             "explorer": list(r.gpu_placement.explorers[0]) if r.gpu_placement.explorers else [],
             "trainer": list(r.gpu_placement.trainer),
+            "shared": r.shared_gpu,
         },
+        "rollout_gpu_memory_utilization": r.rollout_gpu_memory_utilization,
+        "weight_sync_backend": r.weight_sync_backend,
         "job_dir": str(r.job_dir),
         "explorer_run_name": r.explorer_run_name,
         "trainer_run_name": r.trainer_run_name,
     }
     typer.echo(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False), nl=False)
     typer.echo(yaml.safe_dump({"resolved": derived}, sort_keys=False), nl=False)
+    plan = memory_plan(config)
+    typer.echo("# memory plan (GiB per GPU; services/common/config/memory_plan.py)")
+    typer.echo("\n".join(f"# {line}" for line in plan.table().splitlines()))
+    for problem in plan.problems():
+        typer.echo(f"# does not fit: {problem}")
 
 
 @app.command("run")

@@ -3,7 +3,9 @@ a message saying what to do: the Redis server a `redis` buffer store needs answe
 backend's package is installed, the first stage's model folders and every stage's data files exist.
 
 Relative paths are resolved against the current directory, as the services `rft run` starts (they
-run in it) resolve them; `rft config check` runs the same path checks (`path_problems`)."""
+run in it) resolve them; `rft config check` runs the same path checks (`path_problems`) and the same
+memory check (`memory_problems`: every placed GPU holds what the memory plan puts on it; `rft run`
+plans with the size nvidia-smi reports, `rft config check` with `cluster.gpu_memory_gib`)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import sys
 from pathlib import Path
 
 from services.common.config import RFTConfig
+from services.common.config.gpus import gpu_demand, place_gpus
+from services.common.config.memory_plan import memory_plan
 
 MONITOR_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
 
@@ -97,6 +101,22 @@ def path_problems(stages: list[RFTConfig]) -> list[str]:
                 continue
             if path and not Path(path).expanduser().exists():
                 problems.append(f"{label}{key} {path!r}{_relative(path)} does not exist")
+    return sorted(set(problems), key=problems.index)
+
+
+def memory_problems(
+    stages: list[RFTConfig], capacity_gib: float | None = None, explorers: int = 1
+) -> list[str]:
+    """Every placed GPU of every stage whose planned bytes exceed its memory (memory_plan.py), with
+    the numbers and the fixes. Nothing for `gpu_per_node: 0` or a model with no local config.json."""
+    problems = []
+    for n, config in enumerate(stages):
+        label = f"stage {n}: " if len(stages) > 1 else ""
+        c = config.cluster
+        placement = place_gpus(
+            c.node_num * c.gpu_per_node, gpu_demand(config), mode=config.mode, explorers=explorers
+        )
+        problems += [label + p for p in memory_plan(config, capacity_gib, placement).problems()]
     return sorted(set(problems), key=problems.index)
 
 

@@ -1,12 +1,13 @@
 """`SynchronizerSettings`: what the synchronizer core needs from the run config, read once in the
 service entry (`services.synchronizer.service.build_core`) from the `synchronizer` section: the weight
-sync method, the sync plan (style, interval, offset), the timeouts and the transfer bucket sizes."""
+sync method, the sync plan (style, interval, offset), the timeouts, the transfer bucket sizes and the
+broadcast group's backend it hands out to every member (resolved.py `weight_sync_backend`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.common.config import RFTConfig
+from services.common.config import RFTConfig, resolve
 from services.synchronizer.plan import SyncPlan
 
 __all__ = ["SynchronizerSettings"]
@@ -32,4 +33,5 @@ class SynchronizerSettings:
             heartbeat_timeout=s.heartbeat_timeout,
             bucket_bytes=s.bucket_bytes,
             chunk_bytes=s.chunk_bytes,
+            backend=resolve(config).weight_sync_backend,  # gloo where trainer and explorer share a GPU
         )

@@ -136,7 +136,15 @@ WARNED: dict[tuple[type[BaseModel], str], Rule] = {
     (InferenceModelConfig, "enforce_eager"): _vllm_only("enforce_eager"),
     (InferenceModelConfig, "enable_prefix_caching"): _vllm_only("enable_prefix_caching"),
     (InferenceModelConfig, "enable_chunked_prefill"): _vllm_only("enable_chunked_prefill"),
-    (InferenceModelConfig, "gpu_memory_utilization"): _vllm_only("gpu_memory_utilization"),
+    (InferenceModelConfig, "gpu_memory_utilization"): Rule(
+        "an engine on this process's GPU sets it; a model behind an `api_base` does not use it",
+        "",
+        lambda section, value: (
+            section.engine_type == "openai"
+            and value != InferenceModelConfig.model_fields["gpu_memory_utilization"].default
+        ),
+    ),
+    (InferenceModelConfig, "enable_sleep_mode"): _vllm_only("enable_sleep_mode"),
     (OverRolloutConfig, "wait_after_min"): Rule("over-rollout is not implemented"),
     (DynamicTimeoutConfig, "enable"): Rule("timeouts are fixed", "explorer.max_timeout"),
     (DynamicTimeoutConfig, "ratio"): Rule("timeouts are fixed", "explorer.max_timeout"),
@@ -161,6 +169,9 @@ TRAINER_CONFIG_KEYS = frozenset(
         "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
         "actor_rollout_ref.actor.use_dynamic_bsz",
         "actor_rollout_ref.model.enable_gradient_checkpointing",
+        "actor_rollout_ref.actor.fsdp_config.param_offload",
+        "actor_rollout_ref.actor.fsdp_config.optimizer_offload",
+        "actor_rollout_ref.ref.fsdp_config.param_offload",
         "critic.optim.lr",
         "critic.optim.lr_warmup_steps",
         "critic.optim.lr_warmup_steps_ratio",

@@ -25,7 +25,12 @@ class InferenceModelConfig(Section):
     enforce_eager: bool = False
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
+    # Share of the GPU's memory the engine may take: vLLM's own setting; the hf engine caps its CUDA
+    # allocator at it when set. Unset on a GPU shared with the trainer: SHARED_GPU_ROLLOUT_MEMORY
+    # (resolved.py `rollout_model`), so the trainer fits beside it.
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    # vLLM: allocate through vLLM's sleep-mode allocator; on by default on a GPU shared with the trainer.
+    enable_sleep_mode: bool = False
     # `auto`: bfloat16 on CUDA, float32 on CPU.
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     seed: int = 42

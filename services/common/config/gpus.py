@@ -7,6 +7,13 @@ with the cluster's GPU count, `rft run` turns a placement into each child's `CUD
 (launcher/gpus.py), the explorer lays its engines out on its own GPUs in the same order
 (`explorer_layout`), and the deploy tests hold the GPU requests of deploy/docker-compose.gpu.yml and
 deploy/k8s-gpu to them. GPUs are numbered 0..total-1 here; callers map them to device ids.
+
+One GPU is the one exception to "each process its own GPUs": with exactly one GPU, one explorer with
+one engine (tensor_parallel_size 1, no local auxiliary model) and trainer.nproc 1 in a mode that runs
+both, the trainer and the explorer share GPU 0 and the placement says so (`shared`). Every other
+misfit is refused. A shared device changes how weights move (resolved.py `weight_sync_backend`: never
+an NCCL group between two processes of one device) and bounds the rollout engine's memory
+(resolved.py `rollout_gpu_memory_utilization`, memory_plan.py).
 """
 
 from __future__ import annotations
@@ -76,6 +83,7 @@ class GpuPlacement:
     explorers: tuple[tuple[int, ...], ...]
     trainer: tuple[int, ...]
     trainer_ranks: int = 0
+    shared: bool = False  # one GPU: the trainer and the explorer both use GPU 0 (`shares_one_gpu`)
 
     @property
     def idle_trainer_gpus(self) -> int:
@@ -94,6 +102,8 @@ def place_gpus(total: int, demand: GpuDemand, *, mode: str = "both", explorers: 
     n = explorers if has_explorers else 0
     if total == 0:
         return GpuPlacement(0, tuple(() for _ in range(n)), ())
+    if shares_one_gpu(total, demand, n, has_trainer):
+        return GpuPlacement(1, ((0,),), (0,), 1, shared=True)
     per = demand.explorer
     taken = n * per
     if taken > total or (has_trainer and total - taken < demand.trainer_ranks):
@@ -101,6 +111,38 @@ def place_gpus(total: int, demand: GpuDemand, *, mode: str = "both", explorers: 
     blocks = tuple(tuple(range(k * per, (k + 1) * per)) for k in range(n))
     trainer = tuple(range(taken, total)) if has_trainer else ()
     return GpuPlacement(total, blocks, trainer, demand.trainer_ranks if has_trainer else 0)
+
+
+def shares_one_gpu(total: int, demand: GpuDemand, explorers: int, has_trainer: bool) -> bool:
+    """The one-GPU case: one GPU, one explorer with one single-GPU engine and no local auxiliary
+    model, and a trainer of one rank. Nothing larger shares a device."""
+    return (
+        total == 1 and has_trainer and explorers == 1 and demand.explorer == 1 and demand.trainer_ranks == 1
+    )
+
+
+def weight_sync_backend(requested: str, shared: bool) -> str:
+    """The backend of the nccl method's broadcast group, the one rule every member obeys (the
+    synchronizer hands it out in every `GroupInfo`; weight_sync/transport.py `transport_options` puts
+    it in a member's own options): where the trainer and the
+    explorer share one GPU, gloo, whose loopback sends go through /dev/shm (two ranks of one device
+    can never share an NCCL communicator); else what `synchronizer.group_backend` asks (auto: nccl on
+    CUDA, gloo on CPU)."""
+    if shared and requested == "auto":
+        return "gloo"
+    return requested
+
+
+def same_device_problem(requested: str, shared: bool) -> str | None:
+    """Why a config asks for NCCL between two processes of one GPU (an explicit group backend nccl on
+    a shared GPU), with the fix; None when it does not."""
+    if shared and requested == "nccl":
+        return (
+            "nccl, but the trainer and the explorer share one GPU (cluster.gpu_per_node 1), and NCCL "
+            "cannot join two processes of one device; set synchronizer.group_backend: auto (the weights "
+            "then go through shared host memory), or give the explorer its own GPU (cluster.gpu_per_node: 2)"
+        )
+    return None
 
 
 def _misfit(total: int, demand: GpuDemand, n: int, has_trainer: bool) -> str:
@@ -115,6 +157,11 @@ def _misfit(total: int, demand: GpuDemand, n: int, has_trainer: bool) -> str:
             f"rank) and {left} {'is' if left == 1 else 'are'} left"
         )
     fixes = ["raise cluster.gpu_per_node"]
+    if total == 1 and n and has_trainer:
+        fixes.append(
+            "share the one GPU: one explorer with explorer.rollout_model.engine_num 1, "
+            "tensor_parallel_size 1, no local auxiliary model, and trainer.nproc 1"
+        )
     if n:
         fixes.append("lower explorer.rollout_model.engine_num / tensor_parallel_size")
     if has_trainer and demand.trainer_ranks > 1:

@@ -1,4 +1,5 @@
-"""Values derived from the config (batch sizes, token budgets, GPU split, run folders), computed on
+"""Values derived from the config (batch sizes, token budgets, GPU split, run folders, what a shared
+GPU changes: the weight-sync group's backend and the rollout engine's memory share), computed on
 demand and never written back into the tree."""
 
 from __future__ import annotations
@@ -11,10 +12,14 @@ from typing import Any
 from services.common.config.buffer import RolloutArgs, TasksetConfig
 from services.common.config.errors import Problem
 from services.common.config.explorer import InferenceModelConfig
-from services.common.config.gpus import GpuPlacement, gpu_demand, place_gpus
+from services.common.config.gpus import GpuPlacement, gpu_demand, place_gpus, weight_sync_backend
 from services.common.config.root import RFTConfig
 from services.common.config.runtime import FULLY_ASYNC_STALE_PUBLISHES
 from services.common.sampling import SamplingParams
+
+# Share of the GPU the rollout engine takes, when not set, on a GPU it shares with the trainer
+# (one-GPU mode): the rest is the trainer's (memory_plan.py checks that it fits).
+SHARED_GPU_ROLLOUT_MEMORY = 0.3
 
 
 @dataclass(frozen=True)
@@ -85,15 +90,44 @@ class Resolved:
 
     @property
     def rollout_model(self) -> InferenceModelConfig:
-        """`explorer.rollout_model` with its twins of `model.*` filled with the resolved values."""
-        return self.config.explorer.rollout_model.model_copy(
-            update={
-                "max_model_len": self.max_model_len,
-                "max_prompt_tokens": self.max_prompt_tokens,
-                "max_response_tokens": self.max_response_tokens,
-                "enable_thinking": self.enable_thinking,
-            }
-        )
+        """`explorer.rollout_model` with its twins of `model.*` filled with the resolved values, and on
+        a GPU shared with the trainer its memory share (`rollout_gpu_memory_utilization`) and, for
+        vLLM, sleep mode, unless the config sets them."""
+        rollout = self.config.explorer.rollout_model
+        update: dict[str, Any] = {
+            "max_model_len": self.max_model_len,
+            "max_prompt_tokens": self.max_prompt_tokens,
+            "max_response_tokens": self.max_response_tokens,
+            "enable_thinking": self.enable_thinking,
+        }
+        if self.shared_gpu:
+            update["gpu_memory_utilization"] = self.rollout_gpu_memory_utilization
+            if rollout.engine_type == "vllm" and "enable_sleep_mode" not in rollout.model_fields_set:
+                update["enable_sleep_mode"] = True
+        return rollout.model_copy(update=update)
+
+    @property
+    def shared_gpu(self) -> bool:
+        """The trainer and the explorer share one GPU (one-GPU mode, gpus.py)."""
+        return self.gpu_placement.shared
+
+    @property
+    def rollout_gpu_memory_utilization(self) -> float | None:
+        """The rollout engine's share of its GPU: `explorer.rollout_model.gpu_memory_utilization` when
+        set; else SHARED_GPU_ROLLOUT_MEMORY on a shared GPU; else vLLM's default and, for hf, None (no
+        cap, as without a placement). The hf engine caps its CUDA allocator at it (hf.py)."""
+        r = self.config.explorer.rollout_model
+        if "gpu_memory_utilization" in r.model_fields_set:
+            return r.gpu_memory_utilization
+        if self.shared_gpu:
+            return SHARED_GPU_ROLLOUT_MEMORY
+        return r.gpu_memory_utilization if r.engine_type == "vllm" else None
+
+    @property
+    def weight_sync_backend(self) -> str:
+        """The nccl method's group backend, for the trainer and every explorer alike: gloo on a
+        shared GPU, else `synchronizer.group_backend` (gpus.py `weight_sync_backend`)."""
+        return weight_sync_backend(self.config.synchronizer.group_backend, self.shared_gpu)
 
     @property
     def max_token_len_per_gpu(self) -> int | None:

@@ -10,7 +10,7 @@ from services.common.config.algorithm import AlgorithmConfig
 from services.common.config.base import Section
 from services.common.config.buffer import BufferConfig
 from services.common.config.explorer import ExplorerConfig
-from services.common.config.gpus import gpu_demand, place_gpus
+from services.common.config.gpus import gpu_demand, place_gpus, same_device_problem
 from services.common.config.model import ClusterConfig, ModelConfig
 from services.common.config.runtime import LogConfig, MonitorConfig, SynchronizerConfig, TrainerConfig
 from services.common.config.services import ServicesConfig
@@ -71,6 +71,12 @@ class RFTConfig(Section):
     @model_validator(mode="after")
     def _gpus_fit(self) -> RFTConfig:
         """The explorer's engines and the trainer's ranks fit the cluster's GPUs (Trinity-RFT's split);
-        `rft run` checks again with its number of explorers."""
-        place_gpus(self.cluster.node_num * self.cluster.gpu_per_node, gpu_demand(self), mode=self.mode)
+        `rft run` checks again with its number of explorers. On one shared GPU, weights never go
+        through NCCL between the two processes (gpus.py `same_device_problem`)."""
+        placement = place_gpus(
+            self.cluster.node_num * self.cluster.gpu_per_node, gpu_demand(self), mode=self.mode
+        )
+        problem = same_device_problem(self.synchronizer.group_backend, placement.shared)
+        if problem:
+            raise ValueError(f"synchronizer.group_backend is {problem}")
         return self

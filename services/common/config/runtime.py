@@ -21,6 +21,10 @@ class SynchronizerConfig(Section):
     # A weight-sync method's name (nccl | memory | memory_bf16 | checkpoint, or a plug-in
     # 'package.module:Class'), checked against the method registry by `rft config check` / `rft run`.
     sync_method: str = "nccl"
+    # Backend of the broadcast group of the nccl method: `auto` (nccl on CUDA, gloo on CPU; gloo where
+    # the trainer and the explorer share one GPU, resolved.py `weight_sync_backend`), `nccl` or `gloo`
+    # (over loopback the bytes go through /dev/shm). `nccl` on a shared GPU is refused at load.
+    group_backend: Literal["auto", "nccl", "gloo"] = "auto"
     sync_style: Literal["fixed", "explorer_driven", "trainer_driven", "fully_async"] = "fixed"
     sync_interval: int = Field(1, ge=1)
     sync_offset: int = Field(0, ge=0)

@@ -13,6 +13,9 @@ version (the bytes go through the group, and `receive` must run while rank 0 sen
 the `rft.v1.WeightChunk`s (this module encodes and decodes in-process; the gRPC hop belongs to the
 synchronizer service); for `checkpoint` the published file's path (`ModelVersion.checkpoint_path`).
 Plug-ins register a class with `WEIGHT_TRANSPORTS.register("name")` or are given as a dotted path.
+`transport_options(config, ...)` is the one mapping from the run config to `TransportOptions`; its
+`backend` is the resolved view's `weight_sync_backend` (gloo where the trainer and the explorer share
+one GPU), the same one the synchronizer hands out in every `GroupInfo`.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from rft.v1 import common_pb2
 
+from services.common.config import RFTConfig, resolve
 from services.common.registry import Registry
 from services.common.weight_sync.broadcast import BroadcastGroup
 from services.common.weight_sync.checkpoint import CheckpointStore, read_state_dict
@@ -48,6 +52,23 @@ class TransportOptions:
     chunk_bytes: int = DEFAULT_CHUNK_BYTES  # memory
     checkpoint_dir: str | None = None  # checkpoint: the run's state-dict folder
     keep: int = 2  # checkpoint: versions kept on disk
+
+
+def transport_options(
+    config: RFTConfig, *, device: str = "cpu", checkpoint_dir: str | None = None
+) -> TransportOptions:
+    """The options of a sender or receiver of `config`'s run on `device` (`checkpoint_dir`: the run's
+    state-dict folder, for the checkpoint method)."""
+    s = config.synchronizer
+    return TransportOptions(
+        device=device,
+        timeout_s=s.sync_timeout,
+        bucket_bytes=s.bucket_bytes,
+        backend=resolve(config).weight_sync_backend,
+        master_address=config.services.trainer.host,
+        chunk_bytes=s.chunk_bytes,
+        checkpoint_dir=checkpoint_dir,
+    )
 
 
 @dataclass(frozen=True)

@@ -21,15 +21,7 @@ def _hf_engine(
 ) -> Any:
     from services.explorer.engines.hf import HFEngine
 
-    return HFEngine.from_pretrained(
-        model_path,
-        device=device,
-        dtype=cfg.dtype,
-        micro_batch_size=cfg.micro_batch_size,
-        seed=cfg.seed + index,
-        name=f"hf-{index}",
-        lean_decoder=cfg.lean_decoder,
-    )
+    return HFEngine.from_config(cfg, model_path, index=index, device=device)
 
 
 @ENGINES.register("vllm")

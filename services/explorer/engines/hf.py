@@ -5,6 +5,11 @@ run as the next batch, so many small requests become one batched sampling loop (
 Generation runs in a worker thread (torch releases the GIL), so the event loop keeps serving gRPC.
 A lock orders generation and weight loads: a batch sees one set of weights, and its outputs carry
 that `model_version`.
+
+Device: the explorer's placement (`device`), else cuda when CUDA is available, else CPU. Memory: on
+CUDA, with `gpu_memory_utilization` set (in the config, or by the placement on a GPU shared with the
+trainer: resolved.py `rollout_model`), this process's CUDA allocator is capped at that share of the
+device (`torch.cuda.set_per_process_memory_fraction`), so the trainer beside it keeps the rest.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Any
 
 import torch
 
+from services.common.config import InferenceModelConfig
 from services.common.modeling import load_model, load_tokenizer, resolve_dtype
 from services.common.weight_sync import load_weights
 from services.explorer.engines.base import GenerationOutput, SamplingParams, per_prompt_params
@@ -73,8 +79,11 @@ class HFEngine:
         seed: int = 42,
         name: str = "hf",
         lean_decoder: bool = True,
+        gpu_memory_utilization: float | None = None,
     ) -> HFEngine:
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if gpu_memory_utilization is not None:
+            cap_cuda_memory(device, gpu_memory_utilization)
         model = load_model(model_path, dtype=resolve_dtype(dtype, device), device=device)
         return cls(
             model,
@@ -83,6 +92,25 @@ class HFEngine:
             micro_batch_size=micro_batch_size,
             seed=seed,
             lean_decoder=lean_decoder,
+        )
+
+    @classmethod
+    def from_config(
+        cls, cfg: InferenceModelConfig, model_path: str, *, index: int = 0, device: str | None = None
+    ) -> HFEngine:
+        """Engine `index` (seeded `seed + index`) of `explorer.rollout_model` (as resolved.py's
+        `rollout_model` fills it); its memory is capped only where `gpu_memory_utilization` is set."""
+        return cls.from_pretrained(
+            model_path,
+            device=device,
+            dtype=cfg.dtype,
+            micro_batch_size=cfg.micro_batch_size,
+            seed=cfg.seed + index,
+            name=f"hf-{index}",
+            lean_decoder=cfg.lean_decoder,
+            gpu_memory_utilization=cfg.gpu_memory_utilization
+            if "gpu_memory_utilization" in cfg.model_fields_set
+            else None,
         )
 
     @property
@@ -217,3 +245,14 @@ def _regroup(outputs: list[GenerationOutput], counts: list[int]) -> list[list[Ge
         grouped.append(outputs[start : start + n])
         start += n
     return grouped
+
+
+def cap_cuda_memory(device: str, fraction: float) -> bool:
+    """Cap this process's CUDA allocator on `device` at `fraction` of its memory; False (nothing done)
+    on a CPU device."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return False
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    torch.cuda.set_per_process_memory_fraction(fraction, index)
+    return True

@@ -139,6 +139,7 @@ class VLLMEngine:
             model=model_path,
             tensor_parallel_size=tp,
             gpu_memory_utilization=cfg.gpu_memory_utilization,
+            enable_sleep_mode=cfg.enable_sleep_mode,
             enable_prefix_caching=cfg.enable_prefix_caching,
             enable_chunked_prefill=cfg.enable_chunked_prefill,
             enforce_eager=cfg.enforce_eager,

@@ -21,7 +21,7 @@ def test_config_check_ok():
     assert "train_batch_size=2048" in result.output
     # veRL keys this trainer does not read load with a warning naming their full path
     assert (
-        "warning: trainer.trainer_config.actor_rollout_ref.actor.fsdp_config.param_offload" in result.output
+        "warning: trainer.trainer_config.actor_rollout_ref.model.use_remove_padding" in result.output
     )
     result = runner.invoke(app, ["config", "check", example])
     assert result.exit_code == 2

@@ -8,7 +8,7 @@ lists, tuples, dicts and optionals of sections. A leaf passes when it is
   as an attribute access (`.name` in the token stream: `config.model.temperature`, `m.temperature`)
   or as a string literal equal to the name (`getattr(alg, "advantage_fn")`, `extra.get("seed")`,
   `tree["model"]["model_path"]` after `model_dump`). Comments and docstrings do not count (the source
-  is tokenized). `services/common/config/resolved.py` and `gpus.py` count as readers: they are the
+  is tokenized). `services/common/config/resolved.py`, `gpus.py` and `memory_plan.py` count as readers: they are the
   derived views the services read (`resolve(config).job_dir` reads `checkpoint_root_dir`). The
   modules that define sections, the loader and `compat.py` do not;
 - or listed in `compat.REFUSED` (refused at load when set) or `compat.WARNED` (a warning when set),
@@ -40,7 +40,7 @@ from services.common.config.loader import config_warnings
 
 ROOT = Path(__file__).resolve().parents[3]
 CONFIG_PACKAGE = ROOT / "services/common/config"
-READER_MODULES_IN_CONFIG = {"resolved.py", "gpus.py"}
+READER_MODULES_IN_CONFIG = {"resolved.py", "gpus.py", "memory_plan.py"}
 
 
 def _sections_in(tp: typing.Any) -> list[type[BaseModel]]:
@@ -183,7 +183,7 @@ explorer:
   rollout_model: {use_v1: false, enforce_eager: true}
 trainer:
   trainer_type: verl
-  trainer_config: {actor_rollout_ref: {actor: {fsdp_config: {param_offload: true}}}}
+  trainer_config: {critic: {model: {fsdp_config: {param_offload: true}}}}
 stages:
   - stage_name: a
     explorer: {max_repeat_times_per_runner: 2}
@@ -195,7 +195,7 @@ stages:
         "explorer.rollout_model.use_v1: False has no effect here",
         "explorer.rollout_model.enforce_eager: True has no effect here: a vLLM engine setting",
         "trainer.trainer_type: 'verl' has no effect here",
-        "trainer.trainer_config.actor_rollout_ref.actor.fsdp_config.param_offload: not read by this trainer",
+        "trainer.trainer_config.critic.model.fsdp_config.param_offload: not read by this trainer",
         "stages[0].explorer.max_repeat_times_per_runner: 2 has no effect here",
     ):
         assert any(line.startswith(fragment) for line in lines), (fragment, lines)

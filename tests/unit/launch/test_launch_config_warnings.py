@@ -11,13 +11,13 @@ def test_run_prints_config_warnings_at_start_then_refuses_a_missing_model(tmp_pa
     cfg.write_text(
         "mode: train\nmodel: {model_path: no_such_model}\n"
         "explorer: {concurrent_mode: multi-threading}\n"
-        "trainer: {trainer_config: {actor_rollout_ref: {ref: {fsdp_config: {param_offload: true}}}}}\n"
+        "trainer: {trainer_config: {critic: {model: {fsdp_config: {param_offload: true}}}}}\n"
     )
     monkeypatch.chdir(tmp_path)
     assert run(cfg) == EXIT_FAILED
     err = capsys.readouterr().err
     assert "rft run: warning: explorer.concurrent_mode: 'multi-threading' has no effect here" in err
-    assert "rft run: warning: trainer.trainer_config.actor_rollout_ref.ref.fsdp_config.param_offload" in err
+    assert "rft run: warning: trainer.trainer_config.critic.model.fsdp_config.param_offload" in err
     assert "model.model_path 'no_such_model' (relative to the current directory" in err
 
 
