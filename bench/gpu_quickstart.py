@@ -117,7 +117,7 @@ def main() -> None:
     sets = overrides_of(args.config)
     print("one-GPU overrides of the quickstart:", " ".join(sets), flush=True)
     with tempfile.TemporaryDirectory(prefix="gpu-quickstart-") as tmp, GpuMemorySampler() as mem:
-        run = run_seed(args.seed, Path(tmp), args.grpo_steps, sets)
+        run = run_seed(args.seed, Path(tmp), args.grpo_steps, sets, stream=True)
         job = Path(tmp) / f"seed{args.seed}" / "quickstart" / "arithmetic" / "grpo"
         figures = stage_figures(job)
     curve = figures["reward_curve"]

@@ -47,7 +47,11 @@ def apply_overrides(tree: dict, overrides: list[str]) -> None:
         node[int(leaf) if isinstance(node, list) else leaf] = yaml.safe_load(value)
 
 
-def run_seed(seed: int, work: Path, grpo_steps: int | None, overrides: list[str]) -> dict[str, float]:
+def run_seed(
+    seed: int, work: Path, grpo_steps: int | None, overrides: list[str], stream: bool = False
+) -> dict[str, float]:
+    """One `rft run`; `stream`: its progress lines go to this process's output as they come (a run cut
+    off by a timeout still shows how far it got), else they are kept for the failure message."""
     tree = yaml.safe_load((ROOT / "examples" / "quickstart.yaml").read_text())
     apply_overrides(tree, overrides)
     tree["checkpoint_root_dir"] = str(work / f"seed{seed}")
@@ -66,10 +70,12 @@ def run_seed(seed: int, work: Path, grpo_steps: int | None, overrides: list[str]
     config.write_text(yaml.safe_dump(tree, sort_keys=False))
     start = time.monotonic()
     argv = [sys.executable, "-m", "launcher.cli", "run", "--config", str(config)]
-    proc = subprocess.run(argv, cwd=ROOT, env=env(), capture_output=True, text=True)
+    run_env = {**env(), "PYTHONUNBUFFERED": "1"} if stream else env()
+    proc = subprocess.run(argv, cwd=ROOT, env=run_env, capture_output=not stream, text=True)
     seconds = time.monotonic() - start
     if proc.returncode != 0:
-        sys.exit(f"seed {seed}: rft run failed ({proc.returncode}):\n{(proc.stdout + proc.stderr)[-3000:]}")
+        output = "" if stream else (proc.stdout + proc.stderr)[-3000:]
+        sys.exit(f"seed {seed}: rft run failed ({proc.returncode}):\n{output}")
     summary = json.loads((work / f"seed{seed}" / tree["project"] / tree["name"] / "summary.json").read_text())
     return {
         "first": float(summary["first_reward_mean"]),
