@@ -8,7 +8,6 @@ with `exit_rank`, which skips the gloo teardown at interpreter exit.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from typing import Any
@@ -28,13 +27,9 @@ def _exit(queue: Any, code: int) -> None:
 
 
 def _join_env(rank: int, world: int, port: int, local_rank: int) -> None:
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(local_rank),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
+    from tests.support.rank_env import set_rank_env
+
+    set_rank_env(rank, world, port, local_rank)
 
 
 def channel_rank(

@@ -7,8 +7,6 @@ writes its results to a file the test compares.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -58,13 +56,9 @@ def _step_and_checkpoint(engine, root) -> dict:
 
 
 def _run(rank: int, world: int, port: int, model_dir: str, root: str, out: str) -> None:
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
+    from tests.support.rank_env import set_rank_env
+
+    set_rank_env(rank, world, port)
     torch.set_num_threads(1)
     from torch.distributed.tensor import DTensor
 

@@ -5,7 +5,6 @@ sets them; rank 0 drives the engine through its command channel as the service d
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -46,13 +45,9 @@ def _step_and_checkpoint(engine, root: str) -> dict:
 
 
 def _run(rank: int, world: int, port: int, model_dir: str, root: str, out: str) -> None:
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
+    from tests.support.rank_env import set_rank_env
+
+    set_rank_env(rank, world, port)
     torch.set_num_threads(1)
     from services.trainer.distributed import ensure_process_group, exit_rank, leave_process_group
     from services.trainer.engine import FSDPEngine

@@ -6,8 +6,6 @@ CPU mesh), and its step equals the 1-process step without offload.  Ranks are sp
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -45,13 +43,9 @@ def _experiences():
 
 
 def _run(rank: int, world: int, port: int, model_dir: str, root: str, out: str) -> None:
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
+    from tests.support.rank_env import set_rank_env
+
+    set_rank_env(rank, world, port)
     torch.set_num_threads(1)
     from services.trainer.collate import collate
     from services.trainer.distributed import ensure_process_group, exit_rank, leave_process_group

@@ -8,8 +8,6 @@ gathers bf16 CUDA tensors, which go through the broadcast path to a receiver in 
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 import torch.multiprocessing as mp
@@ -58,13 +56,9 @@ def _reference(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _env(rank: int, world: int, port: int) -> None:
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
+    from tests.support.rank_env import set_rank_env
+
+    set_rank_env(rank, world, port)
 
 
 def _two_ranks(rank: int, port: int, out: str) -> None:
