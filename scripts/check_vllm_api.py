@@ -10,6 +10,10 @@ forwarded, as `LLM(**kwargs)` -> `EngineArgs`), string literals given to a `Lite
 followed into `await` / `async for` / `for`, `collective_rpc` method names and arity against the worker
 extension, the extension's names against vLLM's CUDA worker (vLLM asserts they do not clash) and
 `model_runner.model.load_weights(...)` against every vLLM model class.
+Beyond names, behaviour rules (vllm_api_rules.py, each resting on a premise about vLLM's source that is
+checked too): `SamplingParams` with n > 1 asks for FINAL_ONLY outputs; `collective_rpc` arguments are
+plain values (msgpack keeps them); `logprobs_mode` is the trainer's definition; sleep mode is used when
+enabled; the worker extension loads weights with vLLM's post-load processing or refuses quantized models.
 
 Usage: python scripts/check_vllm_api.py [--wheel PATH] [--cache DIR] [FILE ...]
 Exit status: 0 no mismatch, 1 mismatches (each `file:line: vLLM symbol: what is missing`), 2 no wheel.
@@ -34,6 +38,13 @@ import tomllib
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vllm_api_index import VllmIndex
+from vllm_api_rules import (  # noqa: E402
+    check_call_rules,
+    check_post_load,
+    check_premises,
+    check_rpc_payloads,
+    check_sleep_rule,
+)
 from vllm_api_values import Sig  # noqa: E402
 from vllm_api_walk import OurModule  # noqa: E402
 
@@ -118,6 +129,7 @@ class Report:
     checked: list[str] = field(default_factory=list)
     quiet: bool = False
     modules: list[str] = field(default_factory=list)
+    facts: dict = field(default_factory=dict)  # what one call shows for a rule on the whole (sleep mode)
 
     def ok(self, path: str, line: int, what: str) -> None:
         if not self.quiet:
@@ -161,6 +173,7 @@ def check_call(idx: VllmIndex, rep: Report, where: tuple[str, int], sig: Sig, ca
             rep.bad(path, line, sig.qual, f"{kw.arg}={kw.value.value!r} is not one of {sorted(allowed)}")
         else:
             rep.ok(path, line, f"{sig.qual}({kw.arg}=...)")
+    check_call_rules(idx, rep, where, sig, call, rep.facts)
 
 
 def vllm_users(root: Path = ROOT) -> list[Path]:
@@ -206,6 +219,13 @@ def check_files(idx: VllmIndex, files: list[Path], root: Path = ROOT) -> Report:
             check_call(idx, rep, (path, line), sig, call)
             if len(rep.mismatches) == n:
                 rep.ok(path, line, f"collective_rpc({method!r}) -> {sig.qual}, {len(call.args)} argument(s)")
+    for m in mods:
+        check_rpc_payloads(rep, m.path, m.tree, root)
+        for c in m.classes.values():
+            if c.extension:
+                check_post_load(rep, m.path, c.node)
+    check_sleep_rule(rep, rep.facts)
+    check_premises(idx, rep)
     rep.modules = [m.path for m in mods]
     return rep
 

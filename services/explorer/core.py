@@ -293,6 +293,7 @@ class ExplorerCore:
                 )
             batch_id = str(step) if not self.incarnation else f"{step}.{self.incarnation}"
             experiences = [e for r in results if r.ok for e in self._stamp(r, step, batch_id)]
+            await self._engines_sleep()  # before the trainer gets the batch
             t2 = time.perf_counter()
             if experiences:
                 await self.sink.put(experiences)
@@ -324,7 +325,16 @@ class ExplorerCore:
         interval = self.settings.eval_interval
         if self._eval_sets and interval and step % interval == 0:
             await self.eval()
+            await self._engines_sleep()
         return StepResult(step=step, experiences=len(experiences), metrics=metrics)
+
+    async def _engines_sleep(self) -> None:
+        """Engines that can (vLLM with `enable_sleep_mode`: a GPU shared with the trainer) free their
+        GPU memory until their next generate or weight load wakes them."""
+        for engine in self.engines:
+            sleep = getattr(engine, "sleep", None)
+            if sleep is not None:
+                await sleep()
 
     async def _next_gen_batch(self) -> list[TaskResult]:
         """One more generation round of a step (dynamic sampling); empty when the data is used up."""

@@ -2,11 +2,19 @@
 
 vLLM is an optional extra (`pip install 'rft-mesh[vllm]'`, its own torch pin, GPU only); importing this
 module without it works, and building an engine then fails with a clear message. Requests go to the
-engine as token ids; log-probs are those of the sampled tokens under the processed (temperature, top-k,
-top-p) distribution (`logprobs_mode="processed_logprobs"`), the same contract as the `hf` engine.
-Weight updates go through a worker extension (`vllm_worker.WeightSyncExtension`, the pattern of vLLM's
-RLHF examples): every worker joins the weight-sync broadcast group with its own rank and loads the
-broadcast tensors, or loads tensors handed over by `load_weights`; the prefix cache is reset after.
+engine as token ids, `n` samples per request with `output_kind=FINAL_ONLY` (else vLLM's parallel
+sampling streams each child on its own and the last output holds only the samples that finished last:
+`vllm/v1/engine/parallel_sampling.py` `ParentRequest.get_outputs`). Log-probs are those of the sampled
+tokens under the processed distribution (`logprobs_mode="processed_logprobs"`: after penalties,
+temperature, top-k and top-p, `vllm/v1/sample/sampler.py` `Sampler.sample`), the same contract as the
+`hf` engine; the trainer recomputes them as log_softmax(logits / T) (`raw_logprobs` would be before the
+temperature). Weight updates go through a worker extension (`vllm_worker.WeightSyncExtension`, the
+pattern of vLLM's RLHF examples): every worker joins the weight-sync broadcast group with its own rank
+and loads the broadcast tensors, or reads those handed over by `load_weights` from a shared-memory
+safetensors file (weights_shm.py: `collective_rpc` arguments must be plain values); the prefix cache is
+reset after. With `enable_sleep_mode` (on by default on a GPU shared with the trainer) the explorer puts
+the engine to sleep after an explore step's generation (`sleep()`: level 1, weights to host memory, KV
+cache freed) and it wakes before its next generation or weight load.
 """
 
 from __future__ import annotations
@@ -24,8 +32,14 @@ import torch
 from services.common.config import InferenceModelConfig
 from services.common.modeling import load_tokenizer
 from services.explorer.engines.base import GenerationOutput, SamplingParams, per_prompt_params
+from services.explorer.engines.weights_shm import (
+    SharedWeights,
+    remove_shared_weights,
+    write_shared_weights,
+)
 
 WORKER_EXTENSION = "services.explorer.engines.vllm_worker.WeightSyncExtension"
+SLEEP_LEVEL = 1  # weights to host memory, KV cache freed; level 2 would drop weights a subset load keeps
 MISSING = (
     "explorer.rollout_model.engine_type is 'vllm' but vLLM is not installed here; install the extra "
     "(`pip install 'rft-mesh[vllm]'`, GPU machines only, it brings its own torch) or use engine_type: hf"
@@ -113,7 +127,14 @@ class VLLMEngine:
     """One vLLM AsyncLLM (`tensor_parallel_size` workers) behind the RolloutEngine contract."""
 
     def __init__(
-        self, llm: Any, tokenizer: Any, *, name: str = "vllm", workers: int = 1, vocab_size: int = 0
+        self,
+        llm: Any,
+        tokenizer: Any,
+        *,
+        name: str = "vllm",
+        workers: int = 1,
+        vocab_size: int = 0,
+        sleep_mode: bool = False,
     ):
         self.name = name
         self.llm = llm
@@ -124,6 +145,9 @@ class VLLMEngine:
         self._ids = itertools.count()
         self._gate = _UpdateGate()
         self._stats = {"generated_tokens": 0.0, "generate_seconds": 0.0, "requests": 0.0}
+        self.sleep_mode = sleep_mode
+        self._asleep = False
+        self._wake_lock = asyncio.Lock()
 
     @classmethod
     def from_config(
@@ -147,12 +171,13 @@ class VLLMEngine:
             seed=cfg.seed + index,
             max_model_len=cfg.max_model_len,
             worker_extension_cls=WORKER_EXTENSION,
+            # the trainer's definition (log_softmax(logits / T)); scripts/vllm_api_rules.py holds it to this
             logprobs_mode="processed_logprobs",
         )
         with _visible_devices(engine_gpus(device, tp)):
             llm = AsyncLLM.from_engine_args(args)
         tokenizer = load_tokenizer(model_path)
-        return cls(llm, tokenizer, name=f"vllm-{index}", workers=tp)
+        return cls(llm, tokenizer, name=f"vllm-{index}", workers=tp, sleep_mode=cfg.enable_sleep_mode)
 
     @property
     def model_version(self) -> int:
@@ -172,6 +197,8 @@ class VLLMEngine:
     @staticmethod
     def sampling_params(p: SamplingParams) -> Any:
         vllm = _import_vllm()
+        from vllm.sampling_params import RequestOutputKind
+
         return vllm.SamplingParams(
             n=p.n,
             temperature=p.temperature,
@@ -184,6 +211,7 @@ class VLLMEngine:
             stop_token_ids=list(p.stop_token_ids) or None,
             ignore_eos=p.ignore_eos,
             logprobs=0,
+            output_kind=RequestOutputKind.FINAL_ONLY,  # all n samples in one final output
         )
 
     async def _one(self, prompt: list[int], params: SamplingParams) -> list[GenerationOutput]:
@@ -218,6 +246,7 @@ class VLLMEngine:
     ) -> list[list[GenerationOutput]]:
         per = per_prompt_params(prompts, params)
         async with self._gate.generating():  # never sample across a weight update
+            await self.wake_up()
             t0 = time.perf_counter()
             outs = await asyncio.gather(
                 *(self._one([int(t) for t in p], sp) for p, sp in zip(prompts, per, strict=True))
@@ -230,12 +259,17 @@ class VLLMEngine:
     async def load_weights(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, strict: bool = True
     ) -> None:
-        # vLLM's model.load_weights takes any subset of the weights; `strict` changes nothing here
-        named = [(n, t.detach().cpu()) for n, t in named_tensors]
-        async with self._gate.updating():
-            await self.llm.collective_rpc("rft_load_named", args=(named,))
-            await self.llm.reset_prefix_cache()
-            self._version = int(version)
+        # the workers read the tensors from a shared-memory file: collective_rpc takes plain values only
+        named = list(named_tensors)
+        payload: SharedWeights = await asyncio.to_thread(write_shared_weights, named, strict=strict)
+        try:
+            async with self._gate.updating():
+                await self.wake_up()
+                await self.llm.collective_rpc("rft_load_shared", args=(payload,))
+                await self.llm.reset_prefix_cache()
+                self._version = int(version)
+        finally:
+            remove_shared_weights(payload)
 
     # weight-sync group (used by the explorer's WeightReceiver instead of an in-process group)
     async def join_weight_group(self, info: Any, rank_offset: int) -> list[int]:
@@ -244,12 +278,37 @@ class VLLMEngine:
 
     async def receive_weights(self, version: int) -> None:
         async with self._gate.updating():
+            await self.wake_up()
             await self.llm.collective_rpc("rft_receive", args=(version,))
             await self.llm.reset_prefix_cache()
             self._version = int(version)
 
     async def leave_weight_group(self) -> None:
         await self.llm.collective_rpc("rft_leave")
+
+    # sleep mode (a GPU shared with the trainer): the explorer calls `sleep` after an explore step's
+    # generation; the next generate or weight load wakes the engine first
+    async def sleep(self) -> None:
+        """Free the GPU (level 1: weights to host memory, KV cache dropped) once running generations end;
+        a no-op without `enable_sleep_mode`."""
+        if not self.sleep_mode:
+            return
+        # no request in flight (vLLM's sleep would abort it)
+        async with self._gate.updating(), self._wake_lock:
+            if not self._asleep:
+                await self.llm.sleep(level=SLEEP_LEVEL)
+                self._asleep = True
+
+    async def wake_up(self) -> None:
+        """Weights and KV cache back on the GPU (after `sleep`; else nothing to do)."""
+        async with self._wake_lock:
+            if self._asleep:
+                await self.llm.wake_up()
+                self._asleep = False
+
+    @property
+    def asleep(self) -> bool:
+        return self._asleep
 
     async def close(self) -> None:
         self.llm.shutdown()
