@@ -1,8 +1,9 @@
 """`rft convert-verl`: a veRL launch script -> RFT Mesh run configs, one per `main_ppo` command.
 
-Order of work for one command: the rules that read several keys (rules_training.py, rules_run.py), then the one-to-one table
-(table.DIRECT, with veRL's defaults where they differ from this project's), then veRL keys the trainer
-reads under `trainer.trainer_config` (compat.TRAINER_CONFIG_KEYS), then every key left over becomes a
+Order of work for one command: the rules that read several keys (rules_training.py, rules_run.py),
+then the one-to-one table (table.DIRECT, with veRL's defaults where they differ from this project's,
+except those a rule writes itself: table.RULE_DEFAULTS), then veRL keys the trainer reads under
+`trainer.trainer_config` (compat.TRAINER_CONFIG_KEYS), then every key left over becomes a
 `# veRL key=value: no equivalent (reason)` comment and a warning. Last, the tree is checked with the
 same loader `rft run` uses; a value it refuses is turned into such a comment with the loader's reason,
 so what is written always loads.
@@ -19,7 +20,7 @@ from launcher.convert_verl.overrides import parse_override
 from launcher.convert_verl.rules_run import RUN_RULES
 from launcher.convert_verl.rules_training import TRAINING_RULES
 from launcher.convert_verl.shell import VerlCommand, verl_commands
-from launcher.convert_verl.table import DIRECT, VERL_DEFAULTS, no_equivalent
+from launcher.convert_verl.table import DIRECT, RULE_DEFAULTS, VERL_DEFAULTS, no_equivalent
 from services.common.config import ConfigError, validate_tree
 from services.common.config.compat import TRAINER_CONFIG_KEYS
 from services.common.config.loader import config_warnings
@@ -46,7 +47,7 @@ class Conversion:
 
 def _direct(d: Draft) -> None:
     for key, rule in DIRECT.items():
-        if key in d.used or not (d.has(key) or key in VERL_DEFAULTS):
+        if key in d.used or not (d.has(key) or (key in VERL_DEFAULTS and key not in RULE_DEFAULTS)):
             continue
         value = d.get(key, VERL_DEFAULTS.get(key))
         note = d.source_or_default(key, value)

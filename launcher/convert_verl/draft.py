@@ -61,6 +61,11 @@ class Draft:
         self.used.add(key)
         return self.args[key].value if key in self.args else default
 
+    def peek(self, key: str, default: Any = None) -> Any:
+        """The value of `key` (or `default`) without marking it handled: for a rule that depends on a key
+        another rule or the table converts."""
+        return self.args[key].value if key in self.args else default
+
     def source(self, *keys: str) -> str:
         """`key=value` of the given keys that the command sets, for a comment."""
         return ", ".join(f"{k}={self.args[k].text}" for k in keys if k in self.args)

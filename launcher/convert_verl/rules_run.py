@@ -1,6 +1,13 @@
 """Conversions of a veRL command's run settings that read several keys at once: data files -> tasksets,
-the GPU split between rollout engines and trainer ranks (and a reward model), logging, checkpoint folder
-and resume. Each rule takes a `Draft`, reads the keys it owns and sets RFT Mesh keys with a comment."""
+over-long prompts, the GPU split between rollout engines and trainer ranks (and a reward model), logging,
+checkpoint cadence and folder, and resume. Each rule takes a `Draft`, reads the keys it owns and sets
+RFT Mesh keys with a comment.
+
+Over-long prompts: veRL drops a prompt longer than `data.max_prompt_length` when it loads the data
+(`data.filter_overlong_prompts=True`), else applies `data.truncation` (`error` by default: the run
+stops; `left` keeps the last tokens). Here `model.enable_prompt_truncation: true` keeps the last tokens
+and trains on them, `false` fails the prompt's task, which the explorer skips (no experiences, not
+retried); so filtering (and `error`) map to false and `left` to true."""
 
 from __future__ import annotations
 
@@ -8,6 +15,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from launcher.convert_verl.draft import Draft
+from launcher.convert_verl.table import VERL_DEFAULTS
 
 R, D, T = "actor_rollout_ref.rollout.", "data.", "trainer."
 ENGINES = {"vllm": "vllm", "sglang": "vllm", "hf": "hf"}
@@ -89,9 +97,44 @@ def data(d: Draft) -> None:
         )
 
 
+def prompts(d: Draft) -> None:
+    """data.filter_overlong_prompts and data.truncation -> model.enable_prompt_truncation (see above)."""
+    fkey, tkey, path = D + "filter_overlong_prompts", D + "truncation", "model.enable_prompt_truncation"
+    mode = d.get(tkey, "error")
+    if d.get(fkey, False):
+        d.set(
+            path,
+            False,
+            f"{d.source(fkey)}: an over-long prompt's task is skipped (veRL drops the prompt when it loads "
+            "the data, so its steps stay full)",
+            (fkey,),
+        )
+        if d.has(tkey):
+            d.drop(tkey, f"{fkey}=True leaves no over-long prompt to truncate", warn=False, same=True)
+    elif mode == "left":
+        d.set(path, True, f"{d.source(tkey)}: an over-long prompt keeps its last tokens", (fkey, tkey))
+    elif mode == "error":
+        d.set(
+            path,
+            False,
+            f"{d.source_or_default(tkey, mode)}: an over-long prompt is not cut; veRL stops the run, here "
+            "its task is skipped",
+            (fkey, tkey),
+        )
+    else:
+        d.drop(
+            tkey,
+            f"over-long prompts here keep their last tokens (model.enable_prompt_truncation: true, veRL's "
+            f"truncation=left) or skip their task (false); veRL's {mode!r} keeps "
+            + ("the first tokens" if mode == "right" else "the first and last halves"),
+        )
+
+
 def gpus(d: Draft) -> None:
     """veRL shares every GPU between rollout and training; here the explorer's engines and the trainer get
-    their own. A quarter of the GPUs roll out (at least one engine), as in Trinity-RFT's examples."""
+    their own: a quarter of the GPUs roll out, rounded down to whole engines of tensor_parallel_size GPUs
+    but at least one engine (so more than a quarter when one engine is larger), as in Trinity-RFT's
+    examples; the trainer gets the rest."""
     name_key, tp_key = R + "name", R + "tensor_model_parallel_size"
     name = d.get(name_key, "vllm")
     if name not in ENGINES:
@@ -105,8 +148,15 @@ def gpus(d: Draft) -> None:
             d.source_or_default(name_key, name),
             (name_key,),
         )
-    tp = int(d.get(tp_key, 1))
-    d.set("explorer.rollout_model.tensor_parallel_size", tp, keys=(tp_key,))
+    # veRL's default tensor parallelism (2) is for vLLM/SGLang only; its hf rollout ignores the key
+    default_tp = VERL_DEFAULTS[tp_key] if ENGINES.get(name) == "vllm" else 1
+    tp = int(d.get(tp_key, default_tp))
+    d.set(
+        "explorer.rollout_model.tensor_parallel_size",
+        tp,
+        d.source_or_default(tp_key, tp) if d.has(tp_key) or default_tp > 1 else "",
+        (tp_key,),
+    )
     nodes, per = int(d.get(T + "nnodes", 1)), int(d.get(T + "n_gpus_per_node", 0) or 0)
     if d.has(T + "nnodes"):
         d.set("cluster.node_num", nodes, keys=(T + "nnodes",))
@@ -125,7 +175,12 @@ def gpus(d: Draft) -> None:
         d.unset(("cluster", "gpu_per_node"))
         total = 0
     if total:
-        split = "veRL shares every GPU between rollout and training; here a quarter of them roll out"
+        rolling = engines * tp
+        share = "a quarter" if rolling * 4 == total else str(rolling)
+        split = (
+            f"veRL shares every GPU between rollout and training; here {share} of the {total} GPUs roll out "
+            f"({engines} engine(s) x tensor_parallel_size {tp})"
+        )
         d.set("explorer.rollout_model.engine_num", engines, split)
         d.set("trainer.nproc", left, f"the {left} GPU(s) left to the trainer")
     if rm_path:
@@ -149,6 +204,8 @@ def gpus(d: Draft) -> None:
 
 
 def logging_and_checkpoints(d: Draft) -> None:
+    """Logger, evaluation and checkpoint cadence (veRL counts steps as this conversion does: one step =
+    data.train_batch_size prompts), checkpoint folder, resume."""
     key = T + "logger"
     if d.has(key):
         value = d.get(key)
@@ -175,6 +232,29 @@ def logging_and_checkpoints(d: Draft) -> None:
             )
         else:
             d.drop(key, "there are no eval tasksets", warn=False, same=True)
+    elif d.has(D + "val_files"):
+        d.note(
+            f"veRL default {key}=-1 validates only before training (trainer.val_before_train); here the eval "
+            "tasksets also run every explorer.eval_interval steps (100 unless set)"
+        )
+    key = T + "save_freq"
+    if d.has(key):
+        freq = d.get(key)
+        if isinstance(freq, int) and freq > 0:
+            d.set("trainer.save_interval", freq, keys=(key,))
+        else:
+            d.set(
+                "trainer.save_interval",
+                0,
+                f"{d.source(key)}: 0 = no checkpoint every N steps; the end of the run still saves one",
+                (key,),
+            )
+            d.warn(
+                f"veRL {key}={d.args[key].text} never saves a checkpoint; here trainer.save_interval 0 saves "
+                "none every N steps, but the trainer still saves one at the end of the run (with its "
+                "Hugging Face export, trainer.save_hf_checkpoint) and whenever the batches trained since the "
+                "last one would fill half the buffer (a checkpoint is what marks experiences consumed)"
+            )
     key = T + "default_local_dir"
     if d.has(key):
         path = str(d.get(key)).rstrip("/")
@@ -196,4 +276,22 @@ def logging_and_checkpoints(d: Draft) -> None:
             d.drop(key, "runs resume from their own job folder (continue_from_checkpoint)")
 
 
-RUN_RULES = (data, gpus, logging_and_checkpoints)
+RUN_RULES = (data, prompts, gpus, logging_and_checkpoints)
+# the veRL keys these rules convert (tests/unit/launch/test_convert_verl_keys.py has a row for each)
+RUN_KEYS = (
+    *(D + k for k in ("train_files", "val_files", "prompt_key", "shuffle", "seed")),
+    *(R + "val_kwargs." + k for k in ("do_sample", "temperature", "top_p", "top_k", "n")),
+    D + "filter_overlong_prompts",
+    D + "truncation",
+    R + "name",
+    R + "tensor_model_parallel_size",
+    T + "nnodes",
+    T + "n_gpus_per_node",
+    "reward_model.enable",
+    "reward_model.model.path",
+    T + "logger",
+    T + "test_freq",
+    T + "save_freq",
+    T + "default_local_dir",
+    T + "resume_mode",
+)

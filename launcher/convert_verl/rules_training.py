@@ -1,6 +1,7 @@
-"""Conversions of a veRL command's training settings that read several keys at once: the algorithm,
-the KL terms and the batch sizes. Each rule takes a `Draft`, reads the keys it owns (marking them handled) and
-sets RFT Mesh keys with a comment naming their source.
+"""Conversions of a veRL command's training settings that read several keys at once: the algorithm
+(with veRL's own critic learning rate for gae), the KL terms, the batch sizes (with veRL's token budget
+for dynamic batches) and LoRA. Each rule takes a `Draft`, reads the keys it owns (marking them handled)
+and sets RFT Mesh keys with a comment naming their source.
 
 Batch sizes follow veRL's meaning: one veRL step rolls out `data.train_batch_size` prompts x
 `rollout.n` with the latest weights and then makes `train_batch_size / ppo_mini_batch_size` optimizer
@@ -20,7 +21,8 @@ from launcher.convert_verl.table import VERL_DEFAULTS
 
 A, D = "actor_rollout_ref.actor.", "data."
 
-# veRL adv_estimator -> (algorithm_type, advantage_fn)
+# veRL adv_estimator -> (algorithm_type, advantage_fn): the preset of that name where there is one, so
+# the rest of the preset comes with it (remax: a greedy rollout per task gives the reward baseline)
 ADVANTAGE = {
     "gae": ("ppo", "ppo"),
     "grpo": ("grpo", "grpo"),
@@ -28,8 +30,8 @@ ADVANTAGE = {
     "rloo": ("rloo", "rloo"),
     "rloo_vectorized": ("rloo", "rloo"),
     "reinforce_plus_plus": ("reinforceplusplus", "reinforceplusplus"),
-    "remax": ("grpo", "remax"),
-    "opo": ("grpo", "opo"),
+    "remax": ("remax", "remax"),
+    "opo": ("opo", "opo"),
 }
 # veRL key -> (advantage_fn_args key, estimators that take it)
 ADVANTAGE_ARGS = {
@@ -53,6 +55,10 @@ def algorithm(d: Draft) -> None:
         d.set("algorithm.advantage_fn", fn, d.source_or_default(key, adv), (key,))
     else:
         d.drop(key, f"advantage estimators here: {', '.join(ADVANTAGE)}")
+    lr_key = "critic.optim.lr"
+    if adv == "gae" and not d.has(lr_key):  # the critic here takes the actor's lr unless told
+        lr = VERL_DEFAULTS[lr_key]
+        d.set(f"trainer.trainer_config.{lr_key}", lr, d.source_or_default(lr_key, lr), (lr_key,))
     for vkey, (arg, takers) in ADVANTAGE_ARGS.items():
         if d.has(vkey):
             if adv in takers:
@@ -116,6 +122,10 @@ def batches(d: Draft) -> None:
             "buffer.batch_size",
             f"{d.source_or_default(bkey, batch)}; one optimizer step per step ({mkey}={mini})",
         )
+    dyn_key, tok_key = A + "use_dynamic_bsz", A + "ppo_max_token_len_per_gpu"
+    if d.peek(dyn_key, VERL_DEFAULTS[dyn_key]) and not d.has(tok_key):
+        tokens = VERL_DEFAULTS[tok_key]
+        d.set("trainer.max_token_len_per_gpu", tokens, d.source_or_default(tok_key, tokens), (tok_key,))
     ckey = "critic.ppo_mini_batch_size"
     if d.has(ckey) and d.get(ckey) != mini:
         d.drop(ckey, "the critic updates on the actor's mini-batches")
@@ -148,3 +158,24 @@ def lora(d: Draft) -> None:
 
 
 TRAINING_RULES = (algorithm, kl, batches, lora)
+# the veRL keys these rules convert (tests/unit/launch/test_convert_verl_keys.py has a row for each)
+TRAINING_KEYS = (
+    "algorithm.adv_estimator",
+    *ADVANTAGE_ARGS,
+    A + "policy_loss.loss_mode",
+    "critic.optim.lr",
+    "algorithm.use_kl_in_reward",
+    "algorithm.kl_penalty",
+    *(f"algorithm.kl_ctrl.{name}" for name in KL_CTRL),
+    A + "use_kl_loss",
+    A + "kl_loss_type",
+    A + "kl_loss_coef",
+    D + "train_batch_size",
+    A + "ppo_mini_batch_size",
+    A + "ppo_max_token_len_per_gpu",
+    "critic.ppo_mini_batch_size",
+    *(
+        f"actor_rollout_ref.model.{k}"
+        for k in ("lora_rank", "lora_alpha", "target_modules", "exclude_modules")
+    ),
+)

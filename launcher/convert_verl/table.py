@@ -1,8 +1,9 @@
 """The veRL key -> RFT Mesh key table: one-to-one keys (`DIRECT`), keys that have no equivalent here
 and why (`NO_EQUIVALENT`, by key or by key prefix), and veRL's own defaults for the keys whose meaning
 a run depends on (`VERL_DEFAULTS`: a script that leaves out `data.train_batch_size` trains on 1024
-prompts per step in veRL, so the converted config says 1024 too). Keys that need several veRL keys at
-once (algorithm, KL, batches, data files, GPUs) are converted in rules_training.py and rules_run.py.
+prompts per step in veRL, so the converted config says 1024 too; those in `RULE_DEFAULTS` are written by
+a rule, only where they matter). Keys that need several veRL keys at once (algorithm, KL, batches, data
+files, over-long prompts, GPUs, checkpoint cadence) are converted in rules_training.py and rules_run.py.
 """
 
 from __future__ import annotations
@@ -12,10 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 A, R, C, D, T = "actor_rollout_ref.actor.", "actor_rollout_ref.rollout.", "critic.", "data.", "trainer."
-
-
-def _not_negative(value: Any) -> Any:
-    return max(int(value), 0) if isinstance(value, int | float) else value
 
 
 def _lower(value: Any) -> Any:
@@ -38,7 +35,6 @@ DIRECT: dict[str, Direct] = {
     R + "max_model_len": Direct("model.max_model_len"),
     D + "max_prompt_length": Direct("model.max_prompt_tokens"),
     D + "max_response_length": Direct("model.max_response_tokens"),
-    D + "filter_overlong_prompts": Direct("model.enable_prompt_truncation"),
     A + "optim.lr": Direct("algorithm.optimizer.lr"),
     A + "optim.lr_warmup_steps": Direct("algorithm.optimizer.lr_warmup_steps"),
     A + "optim.lr_warmup_steps_ratio": Direct("algorithm.optimizer.lr_warmup_steps_ratio"),
@@ -71,7 +67,6 @@ DIRECT: dict[str, Direct] = {
     D + "train_batch_size": Direct("buffer.batch_size"),
     T + "total_epochs": Direct("buffer.total_epochs"),
     T + "total_training_steps": Direct("buffer.total_steps"),
-    T + "save_freq": Direct("trainer.save_interval", _not_negative),
     T + "val_before_train": Direct("explorer.eval_on_startup"),
     T + "project_name": Direct("project"),
     T + "experiment_name": Direct("name"),
@@ -92,6 +87,7 @@ DIRECT: dict[str, Direct] = {
     **{
         key: Direct(f"trainer.trainer_config.{key}")
         for key in (
+            "actor_rollout_ref.model.enable_gradient_checkpointing",
             A + "fsdp_config.param_offload",
             A + "fsdp_config.optimizer_offload",
             "actor_rollout_ref.ref.fsdp_config.param_offload",
@@ -106,9 +102,16 @@ VERL_DEFAULTS: dict[str, Any] = {
     D + "max_response_length": 512,
     A + "ppo_mini_batch_size": 256,
     A + "use_dynamic_bsz": False,
+    A + "ppo_max_token_len_per_gpu": 16384,  # written by rules_training.batches with use_dynamic_bsz only
+    A + "optim.min_lr_ratio": 0.0,  # here 0.01 (Trinity-RFT's); it shapes the cosine schedule's end
+    "actor_rollout_ref.model.enable_gradient_checkpointing": True,  # here off unless set
     R + "n": 1,
+    R + "tensor_model_parallel_size": 2,  # vLLM/SGLang only; rules_run.gpus reads it
+    C + "optim.lr": 1e-5,  # here the critic takes the actor's lr; rules_training.algorithm writes it for gae
     T + "total_epochs": 30,
 }
+# defaults that a rule writes, only where they matter (convert._direct leaves them alone)
+RULE_DEFAULTS = frozenset({A + "ppo_max_token_len_per_gpu", R + "tensor_model_parallel_size", C + "optim.lr"})
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,17 @@ NO_EQUIVALENT: dict[str, NoEquivalent] = {
     C + "ppo_max_token_len_per_gpu": _CRITIC_BATCH,
     C + "forward_max_token_len_per_gpu": _CRITIC_BATCH,
     C + "use_dynamic_bsz": _CRITIC_BATCH,
+    **{
+        key: NoEquivalent(
+            "sequence parallelism is not implemented here, for the actor, the reference or the critic; "
+            "trainer.max_token_len_per_gpu bounds a micro-batch's memory",
+            same=1,
+        )
+        for key in (
+            C + "ulysses_sequence_parallel_size",
+            "actor_rollout_ref.ref.ulysses_sequence_parallel_size",
+        )
+    },
     C + "model.enable_gradient_checkpointing": NoEquivalent(
         "activation checkpointing is set for the actor only "
         "(trainer.trainer_config.actor_rollout_ref.model.enable_gradient_checkpointing)"
@@ -151,7 +165,6 @@ NO_EQUIVALENT: dict[str, NoEquivalent] = {
         "deprecated in veRL; set actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"
     ),
     A + "optim.total_training_steps": NoEquivalent("the schedule's length comes from the data and epochs"),
-    D + "truncation": NoEquivalent("over-long prompts are handled by model.enable_prompt_truncation"),
     D + "return_raw_chat": NoEquivalent("prompts stay chat messages; the explorer applies the chat template"),
     D + "val_batch_size": NoEquivalent("evaluation runs every task of the eval tasksets"),
     D + "dataloader_num_workers": NoEquivalent("the explorer reads tasksets in its own process"),

@@ -77,8 +77,8 @@ def test_advantage_estimators_and_their_args():
         ("grpo", "grpo", "grpo"),
         ("rloo", "rloo", "rloo"),
         ("reinforce_plus_plus", "reinforceplusplus", "reinforceplusplus"),
-        ("remax", "grpo", "remax"),
-        ("opo", "grpo", "opo"),
+        ("remax", "remax", "remax"),
+        ("opo", "opo", "opo"),
     ]:
         c = conv(f"algorithm.adv_estimator={adv}")
         assert (at(c, "algorithm.algorithm_type"), at(c, "algorithm.advantage_fn")) == (atype, fn)
@@ -131,7 +131,7 @@ def test_batches_keep_verl_meaning():
     s = TrainerSettings.from_config(load_config(text=c.yaml, environ=ENV))
     assert s.train_batch_size == 64 * 4 and s.mini_batch_size == 16 * 4  # 4 optimizer steps per explore step
     c = conv("data.train_batch_size=16 actor_rollout_ref.actor.ppo_mini_batch_size=16")
-    assert not has(c, "trainer.trainer_config")
+    assert not has(c, "trainer.trainer_config.actor_rollout_ref.actor")
     c = conv("data.train_batch_size=10 actor_rollout_ref.actor.ppo_mini_batch_size=4")
     assert any("not a multiple" in w for w in c.warnings)
 
@@ -207,6 +207,10 @@ def test_trainer_folders_resume_and_eval_cadence():
     assert str(resolve(cfg).job_dir) == "/ck/p/e" and cfg.continue_from_checkpoint is False
     assert any(w.startswith("veRL trainer.test_freq=-1: no equivalent") for w in c.warnings)
     assert not conv("trainer.test_freq=-1").warnings  # nothing to evaluate anyway
+    silent = conv("data.val_files=/d/test.parquet")
+    assert any(
+        n.startswith("veRL default trainer.test_freq=-1 validates only before training") for n in silent.notes
+    )
 
 
 def test_keys_without_equivalent_become_comments_and_warnings():
@@ -279,5 +283,83 @@ def test_offload_keys_map_to_the_keys_the_trainer_reads():
     config = load_config(text=c.yaml, environ=ENV)
     assert config_warnings(config) == []
     settings = TrainerSettings.from_config(config)
-    assert (settings.param_offload, settings.optimizer_offload, settings.ref_param_offload) == (True, True, True)
+    assert (settings.param_offload, settings.optimizer_offload, settings.ref_param_offload) == (
+        True,
+        True,
+        True,
+    )
     assert not any("offload" in w for w in c.warnings)
+
+
+def test_filtered_prompts_are_skipped_not_cut():
+    """veRL's filter drops an over-long prompt; here truncation would cut and train on it, so the faithful
+    value is enable_prompt_truncation: false (the prompt's task fails and is skipped)."""
+    from services.explorer.model_wrapper import ModelWrapper, PromptTooLong
+
+    c = conv("data.filter_overlong_prompts=True data.truncation=error data.max_prompt_length=4")
+    config = load_config(text=c.yaml, environ=ENV)
+    assert config.model.enable_prompt_truncation is False
+    assert "# veRL data.truncation=error: nothing to set (" in c.yaml
+    assert "handled by model.enable_prompt_truncation" not in c.yaml
+    assert not any("truncation" in w for w in c.warnings)
+    wrapper = ModelWrapper(None, max_prompt_tokens=4, enable_prompt_truncation=False)  # type: ignore[arg-type]
+    try:
+        wrapper.fit_prompt([1, 2, 3, 4, 5])
+    except PromptTooLong:
+        pass
+    else:
+        raise AssertionError("an over-long prompt must not be cut")
+    assert at(conv(""), "model.enable_prompt_truncation") is False  # veRL's default truncation=error
+    assert "veRL default data.truncation=error" in conv("").yaml
+    assert at(conv("data.truncation=left"), "model.enable_prompt_truncation") is True
+    right = conv("data.truncation=right")
+    assert any(w.startswith("veRL data.truncation=right: no equivalent (") for w in right.warnings)
+
+
+def test_save_freq_minus_one_says_what_zero_means():
+    c = conv("trainer.save_freq=-1")
+    assert at(c, "trainer.save_interval") == 0
+    assert "save_interval: 0  # trainer.save_freq=-1: 0 = no checkpoint every N steps" in c.yaml
+    assert any(w.startswith("veRL trainer.save_freq=-1 never saves a checkpoint") for w in c.warnings)
+    c = conv("trainer.save_freq=20")
+    assert at(c, "trainer.save_interval") == 20 and not c.warnings
+
+
+def test_remax_takes_the_remax_preset():
+    c = conv("algorithm.adv_estimator=remax actor_rollout_ref.rollout.n=4")
+    config = load_config(text=c.yaml, environ=ENV)
+    assert (config.algorithm.algorithm_type, config.algorithm.advantage_fn) == ("remax", "remax")
+    assert config.algorithm.greedy_baseline
+    assert TrainerSettings.from_config(config).preset.algorithm_type == "remax"
+
+
+def test_sequence_parallel_keys_say_why():
+    for key in (
+        "critic.ulysses_sequence_parallel_size",
+        "actor_rollout_ref.ref.ulysses_sequence_parallel_size",
+    ):
+        c = conv(f"{key}=2")
+        [w] = [w for w in c.warnings if key in w]
+        assert "sequence parallelism is not implemented" in w and "not a key this converter knows" not in w
+        same = conv(f"{key}=1")
+        assert not same.warnings and f"# veRL {key}=1: nothing to set (" in same.yaml
+
+
+def test_engine_num_comment_gives_the_real_share():
+    c = conv("trainer.n_gpus_per_node=8 actor_rollout_ref.rollout.tensor_model_parallel_size=4")
+    line = next(x for x in c.yaml.splitlines() if x.strip().startswith("engine_num:"))
+    assert "here 4 of the 8 GPUs roll out (1 engine(s) x tensor_parallel_size 4)" in line
+    c = conv("trainer.n_gpus_per_node=8 actor_rollout_ref.rollout.tensor_model_parallel_size=1")
+    line = next(x for x in c.yaml.splitlines() if x.strip().startswith("engine_num:"))
+    assert "here a quarter of the 8 GPUs roll out (2 engine(s) x tensor_parallel_size 1)" in line
+
+
+def test_readme_states_the_batch_rule_the_converter_uses():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    assert "`actor.ppo_mini_batch_size` (-> `batch_size`)" not in readme  # Trinity-RFT's rule, not ours
+    assert "`sync_interval` = data.train_batch_size / ppo_mini_batch_size" not in readme
+    c = conv("data.train_batch_size=64 actor_rollout_ref.actor.ppo_mini_batch_size=16")
+    assert at(c, "buffer.batch_size") == 64 and at(c, "synchronizer.sync_interval") == 1
+    assert "`buffer.batch_size` = `data.train_batch_size`" in readme

@@ -107,6 +107,9 @@ WHY = {
     "shuffle": "veRL shuffles the training data by default (data.shuffle=True); the Trinity YAML reads in order",
     "response_key": "the Trinity YAML guesses a column ('Check the dataset format'); veRL keeps the answer in "
     "reward_model.ground_truth, which the conversion leaves to the user (a note says so)",
+    "enable_prompt_truncation": "veRL's data.filter_overlong_prompts=True drops an over-long prompt; the "
+    "Trinity YAML cuts it to its last tokens (enable_prompt_truncation: true), which this project trains on, "
+    "so the conversion writes false: the prompt's task is skipped",
     "use_dynamic_bsz": "veRL's default is use_dynamic_bsz=False (micro-batches of ppo_micro_batch_size_per_gpu); "
     "the Trinity YAML inherits Trinity-RFT's default, true",
 }
@@ -127,6 +130,7 @@ EXPECTED = {
         "shuffle": (["shuffle", "shuffle"], ["sequential", "sequential"]),
         "response_key": (["response", "response"], ["answer", "answer"]),
         "use_dynamic_bsz": (False, True),
+        "enable_prompt_truncation": (False, True),
     },
     "run_deepseek7b_llm_seq_balance.sh": {
         "engine_type": ("vllm", "hf"),
@@ -139,6 +143,7 @@ EXPECTED = {
         "taskset_paths": ([f"{HOME}/data/gsm8k/train.parquet"], [f"{HOME}/data/gsm8k"]),
         "shuffle": (["shuffle"], ["sequential"]),
         "response_key": (["response"], ["answer"]),
+        "enable_prompt_truncation": (False, True),
     },
 }
 TRINITY = {"run_qwen2-7b_rm.sh": "ppo_trinity.yaml", "run_deepseek7b_llm_seq_balance.sh": "grpo_trinity.yaml"}
