@@ -9,6 +9,11 @@ lease expiry), so the wait is bounded by the deadline, never by a sleep.
 Consumer groups are declared (`BufferSettings.consumer_groups`, from `services.buffer.consumer_groups`)
 and created by `start`; a call naming any other group is refused, so a stray name never makes a group
 that would hold every experience back from retention. The empty name means `default`.
+
+Every string and repeated field of a request is bounded before the store sees it (`check_text`, limits
+from `services.common.rpc.bounds`: ids and names 128 characters, consumer group names 64, lease id lists
+65536 entries), and error messages show a client's value through `shown` (64 characters and its length),
+so no refusal grows with the input. These bounds are stated in `buffer.proto`.
 """
 
 from __future__ import annotations
@@ -33,26 +38,47 @@ from services.buffer.records import (
 from services.buffer.settings import BufferSettings
 from services.buffer.store import DEFAULT_CONSUMER_GROUP, Store
 from services.buffer.validation import validate_batch
+from services.common.rpc.bounds import MAX_ID_CHARS, list_problem, shown, text_problem
 
 # Upper bound of GetBatch's `min_model_version`; see `check_min_model_version`.
-MAX_MIN_MODEL_VERSION = 1 << 31
+MAX_MIN_MODEL_VERSION = 1 << 24
+# Consumer group names are 1-64 characters (`services.buffer.consumer_groups` holds no longer one).
+MAX_CONSUMER_GROUP_CHARS = 64
 
 
 def check_min_model_version(value: int) -> None:
-    """Refuse a `min_model_version` below 0 or above `MAX_MIN_MODEL_VERSION` (2^31).
+    """Refuse a `min_model_version` below 0 or above `MAX_MIN_MODEL_VERSION` (2^24 = 16,777,216).
 
     Every stored group older than `min_model_version` is dropped for good, so an absurd value (a
-    bug, an unset int64 read as -1 and cast, 2^62) silently empties the backlog. A bound relative to the
-    stored data (the newest stored version + a margin) looks tighter but is wrong: the buffer does not
-    know the trainer's current version, and right after a weight sync a trainer legitimately asks for
-    versions no stored experience has yet (dropping the older ones is the staleness policy working).
-    Model versions count weight syncs, so 2^31 is out of reach of any real run while still catching
-    garbage."""
+    bug, an unset int64 read as -1 and cast, 2^31, 2^62) silently empties the backlog. A bound relative
+    to the stored data (the newest stored version + a margin) looks tighter but is wrong: the buffer does
+    not know the trainer's current version (a restarted memory store knows no version at all), and right
+    after a weight sync a trainer legitimately asks for versions no stored experience has yet (dropping
+    the older ones is the staleness policy working). Model versions count weight syncs: 2^24 is a sync
+    every second for six months, beyond any run, while 2^31 and other garbage are refused."""
     if not 0 <= value <= MAX_MIN_MODEL_VERSION:
         raise ValidationError(
             "min_model_version",
-            f"{value} is out of range [0, {MAX_MIN_MODEL_VERSION}] (0 = no staleness bound)",
+            f"{value} is out of range [0, {MAX_MIN_MODEL_VERSION}] (0 = no staleness bound; model versions "
+            "count weight syncs, and every stored group older than this would be dropped)",
         )
+
+
+def check_text(field: str, value: str, limit: int = MAX_ID_CHARS) -> None:
+    """`ValidationError` naming `field` when `value` is over `limit` characters."""
+    problem = text_problem(value, limit)
+    if problem:
+        raise ValidationError(field, problem)
+
+
+def check_ids(field: str, values: list[str] | tuple[str, ...]) -> None:
+    """`ValidationError` naming `field` (and the entry) for a list of lease ids over its bounds, or with an
+    empty id."""
+    problem = list_problem(values)
+    if problem:
+        raise ValidationError(field + problem[0], problem[1])
+    if any(not lid for lid in values):
+        raise ValidationError(field, "contains an empty lease id")
 
 
 @dataclass
@@ -81,11 +107,12 @@ class BufferCore:
 
     def _group(self, consumer_group: str) -> str:
         """The declared group a request names ("" = default); `ValidationError` for any other name."""
+        check_text("consumer_group", consumer_group, MAX_CONSUMER_GROUP_CHARS)
         group = consumer_group or DEFAULT_CONSUMER_GROUP
         if group not in self.consumer_groups:
             raise ValidationError(
                 "consumer_group",
-                f"{group!r} is not declared; the declared consumer groups are "
+                f"{shown(group)} is not declared; the declared consumer groups are "
                 f"{', '.join(self.consumer_groups)} (services.buffer.consumer_groups)",
             )
         return group
@@ -120,6 +147,7 @@ class BufferCore:
         `wire_bytes`: the size of the batch as received."""
         try:
             validate_batch(batch, self.settings.limits, wire_bytes, wire)
+            check_text("batch.producer_id" if idempotent else "producer_id", batch.producer_id)
             if idempotent and not batch.producer_id:
                 raise ValidationError("batch.producer_id", "required for sequenced puts")
             if idempotent and sequence <= 0:
@@ -167,6 +195,7 @@ class BufferCore:
             raise ValidationError("epoch", f"{epoch} must be >= 0 (0 = unfenced)")
         check_min_model_version(min_model_version)
         group = self._group(consumer_group)
+        check_text("consumer", consumer)
         wait_s = min(timeout_ms / 1000.0, self.settings.max_read_timeout_s)
         deadline = time.monotonic() + wait_s
         dropped = 0
@@ -204,6 +233,10 @@ class BufferCore:
     async def ack(self, lease_id: str, consumer_group: str = "", epoch: int = 0, consumer: str = "") -> int:
         if not lease_id:
             raise ValidationError("lease_id", "empty")
+        check_text("lease_id", lease_id)
+        check_text("consumer", consumer)
+        if epoch < 0:
+            raise ValidationError("epoch", f"{epoch} must be >= 0 (0 = unfenced)")
         n = await self.store.ack(self._group(consumer_group), lease_id, epoch, consumer)
         self._notify()
         return n
@@ -211,6 +244,10 @@ class BufferCore:
     async def nack(self, lease_id: str, consumer_group: str = "", epoch: int = 0, consumer: str = "") -> int:
         if not lease_id:
             raise ValidationError("lease_id", "empty")
+        check_text("lease_id", lease_id)
+        check_text("consumer", consumer)
+        if epoch < 0:
+            raise ValidationError("epoch", f"{epoch} must be >= 0 (0 = unfenced)")
         n = await self.store.nack(self._group(consumer_group), lease_id, epoch, consumer)
         self._notify()
         return n
@@ -225,9 +262,9 @@ class BufferCore:
         """A consumer (re)starts: see `Store.open_consumer`."""
         if not consumer:
             raise ValidationError("consumer", "empty: a fenced consumer needs a stable name")
+        check_text("consumer", consumer)
         for name, ids in (("ack_lease_ids", ack_lease_ids), ("keep_lease_ids", keep_lease_ids)):
-            if any(not lid for lid in ids):
-                raise ValidationError(name, "contains an empty lease id")
+            check_ids(name, ids)
         if set(ack_lease_ids) & set(keep_lease_ids):
             raise ValidationError("keep_lease_ids", "names a lease that ack_lease_ids acks")
         outcome = await self.store.open_consumer(

@@ -14,10 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from services.buffer.records import (
-    ConsumerNotOpen,
-    FencedError,
     GroupRecord,
-    LeaseError,
     LeaseOutcome,
     LeaseRequest,
     OpenOutcome,
@@ -25,6 +22,9 @@ from services.buffer.records import (
     StoreStats,
     add_versions,
     admit,
+    check_epoch,
+    lease_epoch_error,
+    lease_gone_error,
 )
 from services.buffer.store import DEFAULT_CONSUMER_GROUP, STORES
 
@@ -50,7 +50,8 @@ class _GroupState:
     redelivered: int = 0
 
 
-# How many acked leases are remembered so a retried Ack is answered with the same count.
+# How many acked leases are remembered so a retried Ack is answered with the same count, and how many
+# expired ones, so that an Ack or Nack of one says it expired.
 ACKED_MEMORY = 100_000
 
 
@@ -72,6 +73,7 @@ class MemoryStore:
         self._groups: dict[str, _GroupState] = {}
         self._producers: dict[str, int] = {}
         self._acked: OrderedDict[tuple[str, str], int] = OrderedDict()
+        self._expired: OrderedDict[tuple[str, str], None] = OrderedDict()
         self._size = 0
         self._versions: dict[int, int] = {}
         self._accepted = 0
@@ -120,13 +122,16 @@ class MemoryStore:
                 self._groups[name] = state
         return state
 
-    def _expire(self, state: _GroupState) -> None:
+    def _expire(self, state: _GroupState, group: str) -> None:
         now = self._clock_ms()
         due = [lid for lid, lease in state.leases.items() if 0 < lease.deadline_ms <= now]
         for lease_id in due:
             lease = state.leases.pop(lease_id)
             state.requeue.extend(lease.seqs)
             state.pending_n -= lease.n
+            self._expired[(group, lease_id)] = None
+        while len(self._expired) > ACKED_MEMORY:
+            self._expired.popitem(last=False)
 
     def _finish(self, group: str, seq: int) -> None:
         """`group` is done with `seq` (acked or dropped); delete it once every consumer group is."""
@@ -149,18 +154,8 @@ class MemoryStore:
     def _check_epoch(
         self, state: _GroupState, group: str, consumer: str, epoch: int, must_be_open: bool = True
     ) -> None:
-        """Refuse a stale epoch (FencedError); with `must_be_open`, also one never handed out here."""
-        if not epoch:
-            return
-        current = state.epochs.get(consumer, 0)
-        if current == 0 and must_be_open:
-            raise ConsumerNotOpen(
-                f"consumer {consumer!r} of group {group!r} has no epoch {epoch} here; call OpenConsumer"
-            )
-        if current not in (0, epoch):
-            raise FencedError(
-                f"consumer {consumer!r} of group {group!r}: epoch {epoch} is stale; a newer consumer took over"
-            )
+        """See `records.check_epoch`."""
+        check_epoch(state.epochs.get(consumer, 0), epoch, group, consumer, must_be_open=must_be_open)
 
     async def open_consumer(
         self,
@@ -170,7 +165,7 @@ class MemoryStore:
         keep_lease_ids: Sequence[str] = (),
     ) -> OpenOutcome:
         state = self._group(consumer_group, create=True)
-        self._expire(state)
+        self._expire(state, consumer_group)
         epoch = state.epochs.get(consumer, 0) + 1
         state.epochs[consumer] = epoch
         wanted, acked, released, back = set(ack_lease_ids), 0, 0, []
@@ -197,7 +192,7 @@ class MemoryStore:
     async def lease(self, request: LeaseRequest) -> LeaseOutcome:
         state = self._group(request.consumer_group, create=True)
         self._check_epoch(state, request.consumer_group, request.consumer or "trainer", request.epoch)
-        self._expire(state)
+        self._expire(state, request.consumer_group)
         taken: list[tuple[int, bool]] = []
         stale: list[tuple[int, bool]] = []
         total = 0
@@ -256,21 +251,15 @@ class MemoryStore:
         self, consumer_group: str, lease_id: str, epoch: int, consumer: str
     ) -> tuple[_GroupState, _Lease]:
         state = self._group(consumer_group)
-        self._expire(state)
+        self._expire(state, consumer_group)
         if consumer:  # a lease already given back still fences its stale holder
             self._check_epoch(state, consumer_group, consumer, epoch, must_be_open=False)
         held = state.leases.get(lease_id)
         if held is not None and held.epoch != epoch:
-            raise FencedError(
-                f"lease {lease_id!r} of consumer group {consumer_group!r} was not taken with epoch {epoch}: "
-                "a newer consumer took it over"
-            )
+            raise lease_epoch_error(lease_id, consumer_group, held.epoch, epoch)
         lease = state.leases.pop(lease_id, None)
         if lease is None:
-            raise LeaseError(
-                f"lease {lease_id!r} of consumer group {consumer_group!r} is unknown, already acked, "
-                "or expired (its experiences were given back for redelivery)"
-            )
+            raise lease_gone_error(lease_id, consumer_group, (consumer_group, lease_id) in self._expired)
         state.pending_n -= lease.n
         return state, lease
 
@@ -300,7 +289,7 @@ class MemoryStore:
 
     async def stats(self, consumer_group: str) -> StoreStats:
         state = self._group(consumer_group)
-        self._expire(state)
+        self._expire(state, consumer_group)
         return StoreStats(
             size=self._size,
             capacity=self.capacity,

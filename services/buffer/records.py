@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from rft.v1 import experience_pb2
 
 from services.common.lineage import experience_uid
+from services.common.rpc.bounds import shown
 
 # Tag of `repeated Experience experiences = 2` in GetBatchResponse (field 2, wire type 2).
 EXPERIENCE_TAG = b"\x12"
@@ -44,8 +45,44 @@ class FencedError(BufferError):
 
 
 class ConsumerNotOpen(BufferError):
-    """A call carries an epoch the store has never handed out (e.g. a memory store that restarted):
-    the consumer must call OpenConsumer again."""
+    """A call carries an epoch the store has never handed out (e.g. a memory store that restarted, or
+    an epoch above the consumer's current one): the consumer must call OpenConsumer again."""
+
+
+def check_epoch(current: int, epoch: int, group: str, consumer: str, *, must_be_open: bool = True) -> None:
+    """Refuse `epoch` given the consumer's `current` one (0: never opened here). 0 is unfenced and always
+    passes. An older epoch is stale (`FencedError`: a newer consumer took over); a newer one was never
+    handed out (`ConsumerNotOpen`); with `must_be_open`, so is any epoch of a consumer never opened."""
+    if not epoch or epoch == current:
+        return
+    who = f"consumer {shown(consumer)} of group {shown(group)}"
+    if current == 0:
+        if must_be_open:
+            raise ConsumerNotOpen(f"{who} was never opened here (epoch {epoch}); call OpenConsumer")
+        return
+    if epoch < current:
+        raise FencedError(f"{who}: epoch {epoch} is stale; a newer consumer took over with epoch {current}")
+    raise ConsumerNotOpen(
+        f"{who}: epoch {epoch} was never handed out (the current epoch is {current}); call OpenConsumer"
+    )
+
+
+def lease_epoch_error(lease_id: str, group: str, taken: int, epoch: int) -> FencedError:
+    """A lease held under epoch `taken` settled with another `epoch` (ABORTED either way)."""
+    why = "a newer consumer took it over" if epoch < taken else "it is not held under the caller's epoch"
+    return FencedError(
+        f"lease {shown(lease_id)} of consumer group {shown(group)} was taken with epoch {taken}, not {epoch}: {why}"
+    )
+
+
+def lease_gone_error(lease_id: str, group: str, expired: bool) -> LeaseError:
+    """Ack/Nack of a lease that is no longer held: it expired, or it is unknown or already settled."""
+    where = f"lease {shown(lease_id)} of consumer group {shown(group)}"
+    if expired:
+        return LeaseError(f"{where} expired; its experiences were given back for redelivery")
+    return LeaseError(
+        f"{where} is unknown, already nacked, or already acked (only a repeated Ack is answered)"
+    )
 
 
 def _varint(value: int) -> bytes:

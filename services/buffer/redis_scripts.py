@@ -14,6 +14,7 @@ Layout (P = stream prefix, G = consumer group):
   P:g:G:leases      hash: lease_id -> "deadline\\nn\\nepoch\\nconsumer\\nid n vc\\n..." (deadline 0: no expiry)
   P:g:G:deadlines   zset: lease_id scored by deadline (ms, Redis clock); fenced leases are not in it
   P:g:G:epochs      hash: consumer -> epoch (fencing token handed out by OPEN)
+  P:g:G:expired     zset: lease ids that expired, scored by when (kept 24 h), so Ack/Nack says "expired"
   P:g:G:requeue     list: "id n vc" of groups to redeliver (nacked, expired, or orphaned)
   P:g:G:stats       hash: acked, dropped_stale, redelivered, pending_n
   P:g:G:acked:L     string with expiry: lease L was acked (n), so a retried Ack is answered again
@@ -24,13 +25,15 @@ capacity.
 
 from __future__ import annotations
 
-# KEYS of group scripts: stream, meta, versions, leases, deadlines, requeue, gstats, epochs, data.
+# KEYS of group scripts: stream, meta, versions, leases, deadlines, requeue, gstats, epochs, expired, data.
 # ARGV[1] = group.
 COMMON = r"""
 local stream, meta, versions = KEYS[1], KEYS[2], KEYS[3]
 local leases, deadlines, requeue, gstats, epochs = KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local data = KEYS[9]
+local expired, data = KEYS[9], KEYS[10]
 local group = ARGV[1]
+-- how long an expired lease id is remembered (ms; the Redis store's ACKED_MEMORY_MS)
+local EXPIRED_MEMORY_MS = 86400000
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -51,13 +54,15 @@ local function parse_lease(rec)
   return tonumber(lines[1]), tonumber(lines[2]), items, tonumber(lines[3]), lines[4]
 end
 
--- 0 when `epoch` is current for `consumer` (or unfenced), else -3 (stale: fenced) / -4 (never opened)
+-- (code, current epoch): code 0 when `epoch` is current for `consumer` (or unfenced), else -3 (older:
+-- stale, fenced), -4 (the consumer was never opened), -5 (newer than the current one: never handed out)
 local function check_epoch(consumer, epoch)
-  if epoch == 0 then return 0 end
+  if epoch == 0 then return 0, 0 end
   local current = tonumber(redis.call('HGET', epochs, consumer) or '0')
-  if current == 0 then return -4 end
-  if current ~= epoch then return -3 end
-  return 0
+  if current == 0 then return -4, 0 end
+  if epoch < current then return -3, current end
+  if epoch > current then return -5, current end
+  return 0, current
 end
 
 local function item_text(it) return it[1] .. ' ' .. it[2] .. ' ' .. it[3] end
@@ -73,9 +78,11 @@ local function expire(now)
       for _, it in ipairs(items) do redis.call('RPUSH', requeue, item_text(it)) end
       redis.call('HINCRBY', gstats, 'pending_n', -n)
       redis.call('HDEL', leases, lid)
+      redis.call('ZADD', expired, now, lid)
     end
     redis.call('ZREM', deadlines, lid)
   end
+  if #due > 0 then redis.call('ZREMRANGEBYSCORE', expired, '-inf', now - EXPIRED_MEMORY_MS) end
 end
 
 local function id_lt(a, b)
@@ -163,8 +170,9 @@ return {1, size + total}
 """
 
 # ARGV: group, consumer, lease_id, size, min_version, lease_ms, allow_partial (0/1), epoch.
-# Returns {1, deadline, n, dropped, redelivered, payload...}, {0, available, dropped}, or {-3}/{-4}
-# (a stale / never opened epoch). A lease with an epoch has deadline 0: it never expires.
+# Returns {1, deadline, n, dropped, redelivered, payload...}, {0, available, dropped}, or {code, current epoch}
+# with a `check_epoch` code (-3 stale, -4 never opened, -5 never handed out). A lease with an epoch has
+# deadline 0: it never expires.
 LEASE = (
     COMMON
     + r"""
@@ -172,8 +180,8 @@ local consumer, lease_id = ARGV[2], ARGV[3]
 local size, minv, lease_ms = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local allow_partial = ARGV[7] == '1'
 local epoch = tonumber(ARGV[8])
-local fenced = check_epoch(consumer, epoch)
-if fenced ~= 0 then return {fenced} end
+local fenced, current_epoch = check_epoch(consumer, epoch)
+if fenced ~= 0 then return {fenced, current_epoch} end
 local now = now_ms()
 expire(now)
 local total, full = 0, false
@@ -269,25 +277,30 @@ return out
 )
 
 # KEYS: the group keys + P:g:G:acked:<lease_id>. ARGV: group, lease_id, mode ('ack' | 'nack'), memory_ms,
-# epoch, consumer ('' = not said). Returns {1, n}, {-1} unknown, {-2} expired, {-3} fenced (the lease was taken with another
-# epoch). Acking an acked lease again answers {1, n} for `memory_ms`, so a trainer may retry an Ack
-# whose reply was lost.
+# epoch, consumer ('' = not said). Returns {1, n}, {-1} unknown (or settled), {-2} expired, {-3, current} /
+# {-5, current} (the consumer's epoch is newer / older than `epoch`), {-6, lease epoch} (the lease was taken
+# with another epoch). Acking an acked lease again answers {1, n} for `memory_ms`, so a trainer may retry
+# an Ack whose reply was lost.
 SETTLE = (
     COMMON
     + r"""
 local lease_id, mode = ARGV[2], ARGV[3]
 local epoch, consumer = tonumber(ARGV[5]), ARGV[6]
-local acked_key = KEYS[10]
+local acked_key = KEYS[11]
 local now = now_ms()
-if consumer ~= '' and check_epoch(consumer, epoch) == -3 then return {-3} end
+if consumer ~= '' then
+  local code, current = check_epoch(consumer, epoch)
+  if code == -3 or code == -5 then return {code, current} end
+end
 local rec = redis.call('HGET', leases, lease_id)
 if not rec then
   local done = redis.call('GET', acked_key)
   if done and mode == 'ack' then return {1, tonumber(done)} end
+  if redis.call('ZSCORE', expired, lease_id) then return {-2} end
   return {-1}
 end
 local deadline, n, items, lease_epoch = parse_lease(rec)
-if epoch ~= lease_epoch then return {-3} end
+if epoch ~= lease_epoch then return {-6, lease_epoch} end
 if deadline > 0 and deadline <= now then
   expire(now)
   return {-2}

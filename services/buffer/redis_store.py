@@ -19,22 +19,23 @@ import redis.asyncio as aioredis
 from services.buffer import redis_scripts
 from services.buffer.records import (
     BufferFull,
-    ConsumerNotOpen,
-    FencedError,
     GroupRecord,
-    LeaseError,
     LeaseOutcome,
     LeaseRequest,
     OpenOutcome,
     PutOutcome,
     StoreStats,
+    check_epoch,
+    lease_epoch_error,
+    lease_gone_error,
 )
 from services.buffer.store import DEFAULT_CONSUMER_GROUP, STORES
 from services.common.log import get_logger
 
 log = get_logger("buffer.redis")
 
-# How long an acked lease is remembered so a retried Ack is answered with the same count.
+# How long an acked lease is remembered so a retried Ack is answered with the same count (an expired
+# lease is remembered as long, in redis_scripts' EXPIRED_MEMORY_MS, so that Ack/Nack says it expired).
 ACKED_MEMORY_MS = 24 * 3600 * 1000
 
 
@@ -65,7 +66,7 @@ class RedisStore:
 
     def _group_keys(self, group: str) -> list[str]:
         base = [self._key("stream"), self._key("meta"), self._key("versions")]
-        parts = ("leases", "deadlines", "requeue", "stats", "epochs")
+        parts = ("leases", "deadlines", "requeue", "stats", "epochs", "expired")
         return base + [self._key(f"g:{group}:{part}") for part in parts] + [self._key("data")]
 
     async def _run(self, script: str, keys: list[str], args: list[object]) -> object:
@@ -136,7 +137,8 @@ class RedisStore:
             request.epoch,
         ]
         res = await self._run("LEASE", self._group_keys(request.consumer_group), args)
-        _raise_fenced(int(res[0]), request.consumer_group, request.consumer or "trainer", request.epoch)  # type: ignore[index]
+        if res[0] < 0:  # type: ignore[index,operator]
+            _raise_epoch(res, request.consumer_group, request.consumer or "trainer", request.epoch)
         if res[0] == 0:  # type: ignore[index]
             return LeaseOutcome(committed=False, available=int(res[1]), dropped_stale=int(res[2]))  # type: ignore[index]
         _, deadline, n, dropped, redelivered, *payloads = res  # type: ignore[misc]
@@ -155,20 +157,13 @@ class RedisStore:
         res = await self._run(
             "SETTLE", keys, [consumer_group, lease_id, mode, ACKED_MEMORY_MS, epoch, consumer]
         )
-        if res[0] == -3:  # type: ignore[index]
-            raise FencedError(
-                f"lease {lease_id!r} of consumer group {consumer_group!r} was not taken with epoch {epoch}: "
-                "a newer consumer took it over"
-            )
-        if res[0] == -1:  # type: ignore[index]
-            raise LeaseError(
-                f"lease {lease_id!r} of consumer group {consumer_group!r} is unknown or already acked"
-            )
-        if res[0] == -2:  # type: ignore[index]
-            raise LeaseError(
-                f"lease {lease_id!r} of consumer group {consumer_group!r} expired; "
-                "its experiences were given back for redelivery"
-            )
+        code = int(res[0])  # type: ignore[index]
+        if code in (-3, -5):
+            _raise_epoch(res, consumer_group, consumer, epoch)
+        if code == -6:
+            raise lease_epoch_error(lease_id, consumer_group, int(res[1]), epoch)  # type: ignore[index]
+        if code in (-1, -2):
+            raise lease_gone_error(lease_id, consumer_group, expired=code == -2)
         return int(res[1])  # type: ignore[index]
 
     async def ack(self, consumer_group: str, lease_id: str, epoch: int = 0, consumer: str = "") -> int:
@@ -217,15 +212,11 @@ class RedisStore:
         )
 
 
-def _raise_fenced(code: int, group: str, consumer: str, epoch: int) -> None:
-    if code == -3:
-        raise FencedError(
-            f"consumer {consumer!r} of group {group!r}: epoch {epoch} is stale; a newer consumer took over"
-        )
-    if code == -4:
-        raise ConsumerNotOpen(
-            f"consumer {consumer!r} of group {group!r} has no epoch {epoch} here; call OpenConsumer"
-        )
+def _raise_epoch(res: list, group: str, consumer: str, epoch: int) -> None:
+    """Raise what a script's {code, current epoch} answer means (`check_epoch` codes -3, -4, -5)."""
+    current = int(res[1]) if len(res) > 1 else 0
+    check_epoch(current, epoch, group, consumer)
+    raise AssertionError(f"epoch check code {res[0]} for epoch {epoch}, current {current}")
 
 
 @STORES.register("redis")

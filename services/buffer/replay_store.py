@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import random
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from rft.v1 import buffer_pb2
 
-from services.buffer.memory_store import now_ms
+from services.buffer.memory_store import ACKED_MEMORY, now_ms
 from services.buffer.records import (
-    ConsumerNotOpen,
-    FencedError,
     GroupRecord,
-    LeaseError,
     LeaseOutcome,
     LeaseRequest,
     OpenOutcome,
@@ -31,7 +29,10 @@ from services.buffer.records import (
     StoreStats,
     add_versions,
     admit,
+    check_epoch,
     encode_member,
+    lease_epoch_error,
+    lease_gone_error,
 )
 
 
@@ -78,6 +79,7 @@ class ReplayStore:
         self._epochs: dict[str, int] = {}
         self._accepted_log: list[str] = []
         self._acked_leases: dict[str, int] = {}
+        self._expired: OrderedDict[str, None] = OrderedDict()  # the latest expired lease ids
         self._next_seq = 0
         self._producers: dict[str, int] = {}
         self._size = 0
@@ -130,6 +132,9 @@ class ReplayStore:
         for lease_id in [lid for lid, lease in self._leases.items() if 0 < lease.deadline_ms <= now]:
             for seq in self._leases.pop(lease_id).seqs:
                 self._items[seq].leased = False
+            self._expired[lease_id] = None
+        while len(self._expired) > ACKED_MEMORY:
+            self._expired.popitem(last=False)
 
     def _payload(self, item: _Item) -> bytes:
         if item.use_count == 0:
@@ -165,16 +170,7 @@ class ReplayStore:
 
     async def lease(self, request: LeaseRequest) -> LeaseOutcome:
         consumer = request.consumer or "trainer"
-        if request.epoch:
-            current = self._epochs.get(consumer, 0)
-            if current == 0:
-                raise ConsumerNotOpen(
-                    f"consumer {consumer!r} has no epoch {request.epoch}; call OpenConsumer"
-                )
-            if current != request.epoch:
-                raise FencedError(
-                    f"consumer {consumer!r}: epoch {request.epoch} is stale; a newer one took over"
-                )
+        check_epoch(self._epochs.get(consumer, 0), request.epoch, request.consumer_group, consumer)
         self._expire()
         now = self._clock_ms()
         dropped = 0
@@ -211,27 +207,25 @@ class ReplayStore:
             dropped_stale=dropped,
         )
 
-    def _check_stale(self, consumer: str, epoch: int) -> None:
-        if consumer and epoch and self._epochs.get(consumer, 0) not in (0, epoch):
-            raise FencedError(f"consumer {consumer!r}: epoch {epoch} is stale; a newer consumer took over")
+    def _check_stale(self, group: str, consumer: str, epoch: int) -> None:
+        if consumer:  # a lease already given back still fences its stale holder
+            check_epoch(self._epochs.get(consumer, 0), epoch, group, consumer, must_be_open=False)
 
-    def _take(self, lease_id: str, epoch: int) -> _Lease:
+    def _take(self, group: str, lease_id: str, epoch: int) -> _Lease:
         self._expire()
         held = self._leases.get(lease_id)
         if held is not None and held.epoch != epoch:
-            raise FencedError(
-                f"lease {lease_id!r} was not taken with epoch {epoch}: a newer consumer took it over"
-            )
+            raise lease_epoch_error(lease_id, group, held.epoch, epoch)
         lease = self._leases.pop(lease_id, None)
         if lease is None:
-            raise LeaseError(f"lease {lease_id!r} is unknown, already acked, or expired")
+            raise lease_gone_error(lease_id, group, lease_id in self._expired)
         return lease
 
     async def ack(self, consumer_group: str, lease_id: str, epoch: int = 0, consumer: str = "") -> int:
         if lease_id in self._acked_leases:
             return self._acked_leases[lease_id]
-        self._check_stale(consumer, epoch)
-        lease = self._take(lease_id, epoch)
+        self._check_stale(consumer_group, consumer, epoch)
+        lease = self._take(consumer_group, lease_id, epoch)
         now = self._clock_ms()
         for seq in lease.seqs:
             item = self._items[seq]
@@ -246,8 +240,8 @@ class ReplayStore:
         return lease.n
 
     async def nack(self, consumer_group: str, lease_id: str, epoch: int = 0, consumer: str = "") -> int:
-        self._check_stale(consumer, epoch)
-        lease = self._take(lease_id, epoch)
+        self._check_stale(consumer_group, consumer, epoch)
+        lease = self._take(consumer_group, lease_id, epoch)
         for seq in lease.seqs:
             self._items[seq].leased = False
         return lease.n

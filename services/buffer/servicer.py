@@ -1,8 +1,11 @@
 """gRPC adapter of the buffer: proto in, `BufferCore` call, proto out; domain errors become status codes.
 
 ValidationError -> INVALID_ARGUMENT (the message names the field and index), BufferFull ->
-RESOURCE_EXHAUSTED, LeaseError -> FAILED_PRECONDITION, FencedError (a stale epoch) -> ABORTED, ConsumerNotOpen
--> NOT_FOUND (the consumer must call OpenConsumer), a store that cannot be reached -> UNAVAILABLE.
+RESOURCE_EXHAUSTED, LeaseError (a lease expired, unknown or settled) -> FAILED_PRECONDITION, FencedError
+(a stale epoch, or a lease taken with another one) -> ABORTED, ConsumerNotOpen (an epoch never handed
+out) -> NOT_FOUND (the consumer must call OpenConsumer), a store that cannot be reached -> UNAVAILABLE.
+Strings and lists over their bounds were refused before (`services.common.rpc.decode`), and the core
+checks them again; no message here echoes more than 64 characters of a client's value.
 
 The wire contract is the generated one; only the (de)serializers differ where it saves copies: put
 requests keep each experience's received bytes (`WireBatch`), so they are stored without being

@@ -10,11 +10,13 @@ every implementation:
   dropping and counting groups older than `min_model_version`. Without `allow_partial` it leases only
   a full batch. Leases carry an id and a deadline.
 - `ack` removes a lease's groups for good; `nack` or an expired deadline makes them available again.
-  Acking an unknown or expired lease raises `LeaseError`, so an experience is acked at most once.
+  Acking an unknown or expired lease raises `LeaseError` (whose message says it expired when it did), so
+  an experience is acked at most once; acking an acked lease again answers its count again.
 - Fencing: `open_consumer` bumps a consumer's epoch, acks the named leases it holds and queues its
   other leases for redelivery at once (a restarted trainer takes over, never waiting out a deadline).
-  A lease taken with an epoch has no deadline; a call with a stale epoch raises `FencedError`, one
-  with an epoch the store never handed out `ConsumerNotOpen`.
+  A lease taken with an epoch has no deadline; a call with a stale (older) epoch raises `FencedError`,
+  one with an epoch the store never handed out (none yet, or newer than the current one)
+  `ConsumerNotOpen` (`records.check_epoch`).
 - Every accepted experience's uid is appended to the accepted log (`accepted_uids`), atomically with
   the put, for lineage audits.
 """

@@ -35,6 +35,8 @@ const USAGE = `usage: node client.js --buffer HOST:PORT [--synchronizer HOST:POR
   --model-version N           model_version stamped on each experience (default 0)
   --consumer-group NAME       consumer group used to lease them back (default node-client; the buffer
                               must declare it in services.buffer.consumer_groups)
+  --lease-size N              experiences asked for per GetBatch (default 512, at least the number
+                              pushed): the group sees every stored experience, so a backlog drains fast
   --producer-id ID            producer and explorer id of the experiences (default node-client)
   --stream                    push with the client-streaming PutExperiences (one batch per group)
   --no-consume                only push; do not lease and ack
@@ -68,6 +70,7 @@ function parseCli(argv) {
       'vocab-size': { type: 'string' },
       'model-version': { type: 'string' },
       'consumer-group': { type: 'string' },
+      'lease-size': { type: 'string' },
       'producer-id': { type: 'string' },
       stream: { type: 'boolean', default: false },
       'no-consume': { type: 'boolean', default: false },
@@ -92,6 +95,7 @@ function parseCli(argv) {
     vocabSize: intOption(values, 'vocab-size', 256, 2),
     modelVersion: intOption(values, 'model-version', 0, 0),
     consumerGroup: values['consumer-group'] || 'node-client',
+    leaseSize: intOption(values, 'lease-size', 512, 1),
     producerId: values['producer-id'] || 'node-client',
     stream: values.stream,
     consume: !values['no-consume'],
@@ -239,7 +243,8 @@ async function pushAndConsume(rft, call, opts) {
     if (!opts.consume) return { ...result, stats_before: statsSummary(statsBefore) };
 
     // Lease until every experience we sent came back; others in the stream are leased and acked too
-    // (this consumer group sees every stored experience once; the trainer's group is not affected).
+    // (this consumer group sees every stored experience once; its acks delete nothing another declared
+    // group, such as the trainer's, still holds).
     const back = new Map();
     let leases = 0;
     let leased = 0;
@@ -250,7 +255,8 @@ async function pushAndConsume(rft, call, opts) {
       const reply = await call.unary(buffer, 'GetBatch', {
         consumer_group: opts.consumerGroup,
         consumer: opts.producerId,
-        size: sent.size,
+        // whole groups adding up to at most `size`: the buffer never splits a group
+        size: Math.max(sent.size, opts.leaseSize),
         timeout_ms: Math.min(2000, opts.deadlineMs),
       });
       if (!reply.lease_id || reply.experiences.length === 0) continue;

@@ -81,7 +81,8 @@ class BufferServiceServicer:
     """Missing associated documentation comment in .proto file."""
 
     def PutExperiences(self, request_iterator, context):
-        """Client streaming: each batch is validated and stored whole or refused whole (INVALID_ARGUMENT).
+        """Client streaming: each batch is validated and stored whole or refused whole (INVALID_ARGUMENT naming
+        `batches[i].` and the field). Batches before a refused one stay stored.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -103,41 +104,54 @@ class BufferServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetBatch(self, request, context):
-        """Lease up to `size` experiences made of whole groups; waits up to `timeout_ms`.
+        """Lease whole groups for `consumer` of `consumer_group`; see GetBatchRequest for what `size` means
+        and how long it waits. An empty reply (no lease_id, partial) means nothing was ready in time.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Ack(self, request, context):
-        """Remove a leased batch for good.
+        """Settle a lease for good: its experiences are done for this consumer group (deleted once every
+        declared group is done with them). Idempotent: acking a lease that was already acked answers its
+        count again (`acked` = the lease's experiences), for 24 hours with the Redis store and for the last
+        100,000 acked leases with the memory store, so a trainer may retry an Ack whose reply was lost.
+        A lease that expired (its experiences went back for redelivery) is refused with FAILED_PRECONDITION
+        saying it expired; an unknown one, or one already nacked, with FAILED_PRECONDITION saying so.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Nack(self, request, context):
-        """Give a leased batch back for redelivery.
+        """Give a leased batch back: its groups are delivered again first, in their order, by the next
+        GetBatch of the group. Not idempotent: a second Nack of the same lease is FAILED_PRECONDITION.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def OpenConsumer(self, request, context):
-        """A consumer (re)starting: fence its predecessor of the same name and take over its leases at once.
-        Leases named in `ack_lease_ids` (trained into the consumer's durable checkpoint) are acked, those in
-        `keep_lease_ids` stay held under the new epoch; every other lease of the consumer is queued for
-        redelivery, in order. Returns the new epoch (fencing
-        token) that GetBatch, Ack and Nack of this consumer then carry; a call with an older epoch is
-        refused with ABORTED. Leases taken with an epoch never expire: they end by Ack, Nack
-        or the next OpenConsumer.
+        """Fencing. A consumer (re)starting calls this: it fences its predecessor of the same name and takes
+        over its leases at once, never waiting out a deadline. Leases named in `ack_lease_ids` (trained into
+        the consumer's durable checkpoint) are acked, those in `keep_lease_ids` stay held under the new
+        epoch; every other lease of the consumer is queued for redelivery, in order. Returns the new epoch
+        (fencing token, 1, 2, ... per consumer name) that GetBatch, Ack and Nack of this consumer then carry.
+        A call with an older epoch is refused with ABORTED ("stale"). A GetBatch with an epoch never handed
+        out (newer than the current one, or any epoch after a memory-store buffer restarted and lost its
+        epochs) is NOT_FOUND, and so is an Ack/Nack naming its `consumer` with an epoch newer than the
+        current one; call OpenConsumer again. An Ack/Nack of a lease the buffer does not hold is
+        FAILED_PRECONDITION.
+        Leases taken with an epoch never expire (`lease_deadline_ms` = 0): they end by Ack, Nack or the next
+        OpenConsumer of that name.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Stats(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Counters of the store and of `consumer_group`.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')

@@ -1,4 +1,4 @@
-"""Undecodable request bytes become INVALID_ARGUMENT, for every RPC of every service.
+"""Undecodable request bytes, and requests over a bound, become INVALID_ARGUMENT, for every RPC of every service.
 
 Left alone, grpc answers a request deserializer that raises (a `DecodeError` from protobuf, or any
 error from a custom parser such as the buffer's `WireBatch.parse`) with UNKNOWN "Unexpected
@@ -7,6 +7,12 @@ DecodeError". This interceptor wraps each handler's deserializer so that a failu
 unary call, or any message of a request stream) aborts with INVALID_ARGUMENT
 "request: cannot decode <message type>". Handlers without a deserializer (raw bytes) are left as they
 are; so is a behavior that is neither a coroutine nor an async generator function.
+
+A decoded `rft.v1` request message is then checked against the bounds of its strings and lists
+(`bounds.message_problem`): one over a bound becomes an `OverBound` marker, answered with
+INVALID_ARGUMENT "<field path>: <why>" (e.g. `lease_id: 'LLLL...' (10000 characters) is ...`) before the
+servicer sees it. Requests a custom parser returns as something other than a message (the buffer's
+`WireBatch`, raw weight chunks) are bounded by the message size limit and by their servicer.
 """
 
 from __future__ import annotations
@@ -17,6 +23,9 @@ from typing import Any
 
 import grpc
 from google.protobuf import descriptor_pool
+from google.protobuf.message import Message
+
+from services.common.rpc.bounds import message_problem
 
 MAX_REASON_CHARS = 200
 
@@ -28,6 +37,16 @@ class Undecodable:
 
     def __init__(self, reason: str):
         self.reason = reason
+
+
+class OverBound:
+    """What a wrapped deserializer returns for a request with a string or list over its bound."""
+
+    __slots__ = ("field", "why")
+
+    def __init__(self, field: str, why: str):
+        self.field = field
+        self.why = why
 
 
 def request_type_name(method: str, deserializer: Callable[[bytes], Any]) -> str:
@@ -47,16 +66,23 @@ def request_type_name(method: str, deserializer: Callable[[bytes], Any]) -> str:
 def _safe(deserializer: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
     def deserialize(data: bytes) -> Any:
         try:
-            return deserializer(data)
+            request = deserializer(data)
         except Exception as exc:  # noqa: BLE001 - any parser failure is the client's bad bytes
             return Undecodable(f"{type(exc).__name__}: {exc}"[:MAX_REASON_CHARS])
+        if isinstance(request, Message) and request.DESCRIPTOR.full_name.startswith("rft."):
+            problem = message_problem(request)
+            if problem is not None:
+                return OverBound(*problem)
+        return request
 
     return deserialize
 
 
 async def _refuse(
-    context: grpc.aio.ServicerContext, type_name: str, bad: Undecodable, where: str = ""
+    context: grpc.aio.ServicerContext, type_name: str, bad: Undecodable | OverBound, where: str = ""
 ) -> None:
+    if isinstance(bad, OverBound):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{bad.field}: {bad.why}{where}")
     await context.abort(
         grpc.StatusCode.INVALID_ARGUMENT, f"request: cannot decode {type_name}{where}: {bad.reason}"
     )
@@ -68,7 +94,7 @@ def _checked_stream(
     async def iterate() -> AsyncIterator[Any]:
         index = 0
         async for request in requests:
-            if isinstance(request, Undecodable):
+            if isinstance(request, (Undecodable, OverBound)):
                 await _refuse(context, type_name, request, f" (stream message {index})")
             yield request
             index += 1
@@ -84,7 +110,7 @@ def _checked_behavior(
     async def check(request: Any, context: grpc.aio.ServicerContext) -> Any:
         if streaming:
             return _checked_stream(request, context, type_name)
-        if isinstance(request, Undecodable):
+        if isinstance(request, (Undecodable, OverBound)):
             await _refuse(context, type_name, request)
         return request
 
@@ -129,7 +155,8 @@ def checked_handler(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMeth
 
 
 class DecodeErrorInterceptor(grpc.aio.ServerInterceptor):
-    """Answers undecodable request bytes with INVALID_ARGUMENT naming the request type."""
+    """Answers undecodable request bytes with INVALID_ARGUMENT naming the request type, and a request over
+    a bound with INVALID_ARGUMENT naming the field."""
 
     def __init__(self) -> None:
         # method -> (the handler as found, its checked version): handlers are the same objects call after call

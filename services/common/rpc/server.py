@@ -2,7 +2,8 @@
 optional bearer token and TLS, and a graceful stop on SIGTERM/SIGINT.
 
 Interceptors run in this order: the bearer token first (a refused call's body is never parsed), then
-`DecodeErrorInterceptor` (undecodable request bytes -> INVALID_ARGUMENT). SO_REUSEPORT is off: grpc
+`DecodeErrorInterceptor` (undecodable request bytes, and a string or list over its bound ->
+INVALID_ARGUMENT). SO_REUSEPORT is off: grpc
 turns it on by default, which lets a second server bind a port in use, report "serving" and silently
 split the clients between two processes (two buffers, two stores); here that is `PortInUseError`.
 """

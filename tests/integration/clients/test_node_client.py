@@ -3,6 +3,11 @@ real service processes: it pushes whole groups into the buffer, leases and acks 
 state from the synchronizer, and the buffer's Stats agree. What it pushes decodes in Python as valid
 Experiences (the trainer's view). A wrong token fails with exit 1 and stores nothing.
 
+Its README's instructions, as they are: `rft serve buffer|synchronizer` with the compose stack's config
+(`deploy/config/run.yaml`, on a real redis-server; environment overrides only for addresses, ports, the
+token and the Redis URL, as compose passes them) and the client with the README's arguments alone. Its
+group (`node-client`) is declared there, and its acks delete nothing the trainer's group still holds.
+
 Skips (loudly) only when `node` is missing or the client's node_modules are not installed
 (`npm ci --prefix examples/clients/node`, done by scripts/setup.sh)."""
 
@@ -22,12 +27,15 @@ from pathlib import Path
 
 import grpc
 import pytest
+import yaml
 from rft.v1 import buffer_pb2, buffer_pb2_grpc
 
 from services.common.experience import from_proto
+from tests.support.redis_server import RedisServer, require_redis_server
 
 ROOT = Path(__file__).resolve().parents[3]
 CLIENT_DIR = ROOT / "examples" / "clients" / "node"
+COMPOSE_CONFIG = ROOT / "deploy" / "config" / "run.yaml"
 TOKEN = "node-client-secret"
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
 
@@ -59,13 +67,19 @@ class Service:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
 
-def _start(name: str, config: Path, workdir: Path) -> Service:
+def _start(
+    name: str, config: Path, workdir: Path, env: dict[str, str] | None = None, rft: bool = False
+) -> Service:
+    """Start service `name` (with `rft`: as `rft serve NAME`, the README's command) and wait for its port."""
     port_file = workdir / f"{name}.port"
     log = workdir / f"{name}.log"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "protos")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "protos")]), **(env or {})}
+    command = [sys.executable, "-m", f"services.{name}"]
+    if rft:
+        command = [sys.executable, "-m", "launcher.cli", "serve", name]
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", f"services.{name}", "--config", str(config), "--port-file", str(port_file)],
+            [*command, "--config", str(config), "--port-file", str(port_file)],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
     service = Service(name, proc, log)
@@ -219,3 +233,113 @@ def test_bad_usage_exits_2():
     node = _require_node()
     done = _run_client(node, "--groups", "3")
     assert done.returncode == 2 and "--buffer HOST:PORT is required" in done.stderr
+
+
+@pytest.fixture(scope="module")
+def compose_services(tmp_path_factory) -> Iterator[tuple[Service, Service]]:
+    """Buffer and synchronizer serving `deploy/config/run.yaml` unchanged, on a real redis-server; the
+    environment moves them to free loopback ports, as compose's `RFT_*` overrides move them."""
+    require_redis_server()
+    workdir = tmp_path_factory.mktemp("node_client_compose")
+    env = {"RFT_AUTH_TOKEN": TOKEN}
+    for name in ("buffer", "synchronizer"):
+        key = f"RFT_{name.upper()}_"
+        env |= {key + "HOST": "127.0.0.1", key + "PORT": "0", key + "METRICS_PORT": "0"}
+    with RedisServer.start() as redis_server:
+        env["RFT_REDIS_URL"] = redis_server.url
+        started: list[Service] = []
+        try:
+            for name in ("buffer", "synchronizer"):
+                started.append(_start(name, COMPOSE_CONFIG, workdir, env, rft=True))
+            yield started[0], started[1]
+        finally:
+            for service in started:
+                _stop(service)
+
+
+def test_the_readme_run_against_the_compose_config(compose_services):
+    """deploy/README.md and the client's README: `node examples/clients/node/client.js --buffer ...
+    --synchronizer ... --token ...` against the compose stack's config, nothing else set."""
+    node = _require_node()
+    buffer, synchronizer = compose_services
+    done = _run_client(
+        node, "--buffer", buffer.address, "--synchronizer", synchronizer.address, "--token", TOKEN
+    )
+    summary = _summary(done, buffer, synchronizer)
+    assert summary["consumer_group"] == "node-client" and summary["stats_after"]["store"] == "redis"
+    assert summary["ours_back"] == 8 and summary["groups_back"] == 2 and summary["acked"] == summary["leased"]
+    assert summary["run_state"]["sync_method"] == "memory"
+
+    # The node-client group's acks deleted nothing: the trainer's group (`default`) still holds every
+    # experience until it acks them itself; then they are gone.
+    assert _stats(buffer.address, "default").size == summary["stats_after"]["size"] >= 8
+    with grpc.insecure_channel(buffer.address) as channel:
+        stub = buffer_pb2_grpc.BufferServiceStub(channel)
+        leased = stub.GetBatch(buffer_pb2.GetBatchRequest(size=8, timeout_ms=5000), metadata=AUTH, timeout=10)
+        assert len(leased.experiences) == 8
+        assert {e.eid.group_id for e in leased.experiences} == {
+            f"{summary['run_tag']}-g{g}" for g in range(2)
+        }
+        stub.Ack(buffer_pb2.AckRequest(lease_id=leased.lease_id), metadata=AUTH, timeout=10)
+    assert _stats(buffer.address, "default").size == 0
+
+    # An experience pushed but not yet read by node-client stays until that group reads it.
+    pushed = _summary(_run_client(node, "--buffer", buffer.address, "--token", TOKEN, "--no-consume"), buffer)
+    with grpc.insecure_channel(buffer.address) as channel:
+        stub = buffer_pb2_grpc.BufferServiceStub(channel)
+        leased = stub.GetBatch(buffer_pb2.GetBatchRequest(size=8, timeout_ms=5000), metadata=AUTH, timeout=10)
+        stub.Ack(buffer_pb2.AckRequest(lease_id=leased.lease_id), metadata=AUTH, timeout=10)
+    assert pushed["put"]["accepted"] == 8 and _stats(buffer.address, "default").size == 8
+    again = _summary(_run_client(node, "--buffer", buffer.address, "--token", TOKEN), buffer)
+    assert again["leased"] == 16 and again["stats_after"]["size"] == 8  # its own 8 are held by `default`
+
+
+def test_the_compose_config_declares_the_group_the_readme_names():
+    config = yaml.safe_load(COMPOSE_CONFIG.read_text())
+    readme = (CLIENT_DIR / "README.md").read_text()
+    assert "node-client" in config["services"]["buffer"]["consumer_groups"]
+    assert "default" in config["services"]["buffer"]["consumer_groups"]  # the trainer's
+    assert "`node-client`" in readme and "consumer_groups" in readme
+
+
+# Ack with a 10,000-character lease id from @grpc/grpc-js; prints the status name and the details' length.
+HUGE_ACK_JS = """
+const path = require('node:path');
+const [address, clientDir, token] = process.argv.slice(1);
+const grpc = require(path.join(clientDir, 'node_modules', '@grpc', 'grpc-js'));
+const loader = require(path.join(clientDir, 'node_modules', '@grpc', 'proto-loader'));
+const def = loader.loadSync(['rft/v1/buffer.proto'], { includeDirs: [path.join(clientDir, '..', '..', '..', 'protos')], keepCase: true });
+const stub = new (grpc.loadPackageDefinition(def).rft.v1.BufferService)(address, grpc.credentials.createInsecure());
+const md = new grpc.Metadata();
+md.set('authorization', `Bearer ${token}`);
+stub.Ack({ lease_id: 'L'.repeat(10000) }, md, { deadline: Date.now() + 10000 }, (err) => {
+  process.stdout.write(JSON.stringify({ code: err ? grpc.status[err.code] : 'OK', details: err ? err.details : '' }));
+  stub.close();
+});
+"""
+
+
+def test_a_huge_lease_id_reaches_node_as_a_short_invalid_argument(buffer):
+    node = _require_node()
+    done = subprocess.run(
+        [node, "-e", HUGE_ACK_JS, buffer.address, str(CLIENT_DIR), TOKEN],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    reply = json.loads(done.stdout)
+    assert reply["code"] == "INVALID_ARGUMENT", reply["code"]
+    assert reply["details"].startswith("lease_id:") and "10000 characters" in reply["details"]
+    assert len(reply["details"]) < 400
+
+
+def test_a_backlog_of_its_group_drains_in_few_leases(buffer):
+    """The client's group sees every stored experience: a backlog (here 400 pushed without consuming)
+    comes back in large leases (`--lease-size`, default 512), not `--groups x --group-size` at a time."""
+    node = _require_node()
+    backlog = _run_client(
+        node, "--buffer", buffer.address, "--token", TOKEN, "--no-consume", "--groups", "100"
+    )
+    assert _summary(backlog, buffer)["put"]["accepted"] == 400
+    summary = _summary(_run_client(node, "--buffer", buffer.address, "--token", TOKEN), buffer)
+    assert summary["ours_back"] == 8 and summary["leased"] >= 408
+    assert summary["leases"] <= 2, summary
