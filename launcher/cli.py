@@ -210,6 +210,27 @@ def convert_verl_cmd(
     raise typer.Exit(convert_verl_main(script, out))
 
 
+conformance_app = typer.Typer(no_args_is_help=True, help="Check a server against its .proto contract.")
+app.add_typer(conformance_app, name="conformance")
+
+
+@conformance_app.command("buffer")
+def conformance_buffer(
+    address: Annotated[str, typer.Argument(help="the BufferService, host:port")],
+    auth_token: Annotated[str | None, typer.Option(help="bearer token, when the server has auth on")] = None,
+    group: Annotated[str, typer.Option(help="a consumer group the server declares, for the suite only")] = (
+        "conformance"
+    ),
+) -> None:
+    """Run the buffer contract suite (launcher/conformance) against ADDRESS: one PASS/FAIL/SKIP line per
+    guarantee of buffer.proto. Exit 0 all passed, 1 a check failed, 2 usage (e.g. GROUP not declared)."""
+    import asyncio
+
+    from launcher.conformance.buffer import run_buffer_suite
+
+    raise typer.Exit(asyncio.run(run_buffer_suite(address, auth_token, group)))
+
+
 @app.command("make-tiny-model")
 def make_tiny_model_cmd(
     out_dir: Path,
