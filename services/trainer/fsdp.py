@@ -58,7 +58,8 @@ __all__ = [
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
     """The transformer blocks of a HF model (`model.layers`, `transformer.h`, ...), also under a peft
-    LoRA wrapper (`base_model.model.model.layers`; LoRA wraps before sharding, untested on GPU)."""
+    LoRA wrapper (`base_model.model.model.layers`; LoRA wraps before sharding: a one-rank bf16 FSDP2 LoRA
+    step ran on an H200, tests/integration/trainer/test_trainer_cuda.py)."""
     paths = ("model.layers", "layers", "transformer.h", "gpt_neox.layers", "backbone.layers")
     for path in (*paths, *(f"base_model.model.{p}" for p in paths)):
         obj: object = model
