@@ -201,7 +201,7 @@ async def test_sleep_waits_for_running_generations():
     for _ in range(1000):  # polling with a bound: the sleep is queued behind the generation
         if engine._gate._updating:
             break
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # ok-sleep: a yield to the loop inside a bounded poll
     assert engine._gate._updating and engine.llm.events == []
     release.set()
     await asyncio.gather(gen, sleeping)
