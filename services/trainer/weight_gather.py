@@ -27,6 +27,7 @@ wire dtype), `full@device` (left on the training device, wire dtype; the `nccl` 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 
 import torch
@@ -98,8 +99,10 @@ def iter_full_tensors(
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
     keep = rank == 0 or not rank0_only
     target = torch.device(device) if device is not None else None
-    seen: dict[int, torch.Tensor] = {}
-    for name, value in model.state_dict(keep_vars=True).items():
+    state = model.state_dict(keep_vars=True)
+    tied = {i for i, n in Counter(id(v) for v in state.values()).items() if n > 1}
+    seen: dict[int, torch.Tensor] = {}  # tied tensors only: a streaming caller keeps nothing else alive
+    for name, value in state.items():
         if id(value) in seen:  # a tied weight: the same tensor under another name
             if keep:
                 yield _clean(name), seen[id(value)].clone()
@@ -109,7 +112,8 @@ def iter_full_tensors(
         full = source.full_tensor() if isinstance(source, DTensor) else source
         if not keep:
             del full
-            seen[id(value)] = local  # placeholder; never yielded on this rank
+            if id(value) in tied:
+                seen[id(value)] = local  # placeholder; never yielded on this rank
             continue
         if dtype is not None and full.is_floating_point() and full.dtype != dtype:
             full = full.to(dtype)  # on the training device: the host sees only the wire dtype
@@ -117,7 +121,8 @@ def iter_full_tensors(
             full = full.to(target)
         if _shares_storage(full, local):
             full = full.clone()
-        seen[id(value)] = full
+        if id(value) in tied:
+            seen[id(value)] = full
         yield _clean(name), full
 
 
