@@ -73,22 +73,39 @@ def wandb_records(path: Path) -> Iterator[object]:
             yield record
 
 
+def wandb_run(path: Path) -> tuple[str | None, Series]:
+    """(display name, history) of one offline run file; the name is None when the file holds no run record
+    (wandb-core 0.31 was once seen writing the history of an offline run without it, under heavy load)."""
+    name, series = None, {}
+    for record in wandb_records(path):
+        kind = record.WhichOneof("record_type")
+        if kind == "run":
+            name = record.run.display_name
+        elif kind == "history":
+            items = {"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in record.history.item}
+            step = items.pop("_step")
+            for key, value in items.items():
+                if not key.startswith("_"):  # wandb's own _timestamp, _runtime
+                    series.setdefault(key, []).append((step, _value(float(value))))
+    return name, series
+
+
+def wandb_run_files(monitor_dir: Path) -> dict[str, Path]:
+    """{run id: its `run-<id>.wandb` file} for every offline run under `<job_dir>/monitor/wandb/`."""
+    return {
+        p.stem.removeprefix("run-"): p for p in sorted(monitor_dir.glob("wandb/offline-run-*/run-*.wandb"))
+    }
+
+
 def wandb_runs(monitor_dir: Path) -> dict[str, Series]:
     """{run display name: its history} for every offline run under `<job_dir>/monitor/wandb/`."""
     runs: dict[str, Series] = {}
-    for path in sorted(monitor_dir.glob("wandb/offline-run-*/run-*.wandb")):
-        name, series = None, {}
-        for record in wandb_records(path):
-            kind = record.WhichOneof("record_type")
-            if kind == "run":
-                name = record.run.display_name
-            elif kind == "history":
-                items = {"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in record.history.item}
-                step = items.pop("_step")
-                for key, value in items.items():
-                    if not key.startswith("_"):  # wandb's own _timestamp, _runtime
-                        series.setdefault(key, []).append((step, _value(float(value))))
-        assert name is not None and name not in runs, f"{path}: no run record, or a second run {name!r}"
+    for path in wandb_run_files(monitor_dir).values():
+        name, series = wandb_run(path)
+        kinds = [r.WhichOneof("record_type") for r in wandb_records(path)]
+        assert name is not None and name not in runs, (
+            f"{path}: no run record, or a second run {name!r}: {kinds}"
+        )
         runs[name] = series
     return runs
 
