@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import grpc
 from rft.v1 import common_pb2, synchronizer_pb2
 
+from services.common import liveness
 from services.common.app import stop_service
 from services.common.buffer_client import BufferClient
 from services.common.config import RFTConfig, resolve
@@ -83,6 +84,7 @@ async def build(config: RFTConfig) -> tuple[Sequence[Registration], Callable[[],
     source = BufferClient(buffer_channel, consumer=f"{config.name}-trainer", timeout_s=svc.rpc_timeout)
     core = build_core(config, info, engine, source)
     await core.prepare()
+    liveness.track("trainer step", lambda: core.global_step)
     client = _sync_client(config)
     weight_sync = WeightSync(
         core,
@@ -258,7 +260,16 @@ async def _drive(core: TrainerCore, client: SyncClient | None) -> None:
 
 
 def run_worker_rank(config: RFTConfig) -> int:
-    """Ranks > 0: build the engine and execute rank 0's commands until it stops."""
+    """Ranks > 0: build the engine and execute rank 0's commands until it stops.
+
+    A stop signal reaches every rank (torchrun's agent forwards SIGTERM to all its workers, a terminal's
+    Ctrl-C reaches the whole process group), but only rank 0 decides when the ranks stop: its last save
+    is a collective over every rank's shards, so a rank that died on the signal would lose that save.
+    These ranks ignore SIGTERM/SIGINT and leave on rank 0's `stop`, or as soon as rank 0 is gone (its
+    command channel closes); torchrun's agent ends them with SIGKILL if that takes over 30 s.
+    """
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     info = ensure_process_group()
     engine = FSDPEngine(TrainerSettings.from_config(config), info)
     engine.serve_workers()
