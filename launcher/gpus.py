@@ -120,6 +120,12 @@ def stage_gpus(
     """The GPUs of each process of a stage with `explorers` explorers (`cuda_devices`: the CUDA
     devices this host shows, for the `gpu_per_node: 0` check). Raises GpuPlacementError."""
     cluster = config.cluster
+    if config.trainer.nnodes != 1:
+        raise GpuPlacementError(
+            f"rft run starts every process on this host, but trainer.nnodes is {config.trainer.nnodes}; "
+            "set trainer.nnodes: 1, or run the trainer across hosts with the multi-node compose override "
+            "or Kubernetes overlay (deploy/README.md, 'A trainer across hosts')"
+        )
     if cluster.gpu_per_node == 0:
         problem = one_device_nccl(config, cuda_devices)
         if problem:

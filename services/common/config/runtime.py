@@ -69,6 +69,9 @@ class TrainerConfig(Section):
     micro_batch_size_per_gpu: int = Field(8, ge=1)
     # Number of trainer processes (torchrun --nproc_per_node); 1 runs without torchrun.
     nproc: int = Field(1, ge=1)
+    # Hosts the trainer spans (torchrun --nnodes), each running `nproc` ranks of one FSDP2 group; each
+    # node's rank and node 0's address come from its environment (services/trainer/nodes.py).
+    nnodes: int = Field(1, ge=1)
     # Train as soon as the service is up (lease -> train -> commit -> ack -> sync per plan) until
     # total_steps or the explorers' end, then save + export and stop the service (exit code 0).
     auto_start: bool = False

@@ -89,6 +89,9 @@ def test_misfits_name_the_numbers(tmp_path):
     two_nodes = load_config(_config(tmp_path, cluster={"node_num": 2, "gpu_per_node": 4}), environ={})
     with pytest.raises(GpuPlacementError, match="cluster.node_num is 2"):
         stage_gpus(two_nodes, explorers=1, environ={})
+    trainer_nodes = load_config(_config(tmp_path, cluster={"gpu_per_node": 0}, trainer={"nnodes": 2}), environ={})
+    with pytest.raises(GpuPlacementError, match="trainer.nnodes is 2.*multi-node compose override"):
+        stage_gpus(trainer_nodes, explorers=1, environ={})
 
 
 def test_rft_run_stops_before_starting_anything_when_gpus_do_not_fit(tmp_path, capsys, monkeypatch):
