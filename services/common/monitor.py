@@ -124,7 +124,12 @@ class WandbMonitor:
         self._run.log({k: float(v) for k, v in metrics.items()}, step=step)
 
     def close(self) -> None:
+        import wandb
+
         self._run.finish()
+        # finish() can return before wandb-core has written the run's last records to its transaction log
+        # (seen as an offline run file without its history); teardown waits for the core to flush and stop
+        wandb.teardown()
 
 
 _MLFLOW_ARGS = ("tracking_uri", "experiment_name", "tags", "description")
