@@ -2,11 +2,18 @@
 
 The environment (Protocol below; by name from `ENVIRONMENTS` or a dotted-path plug-in, chosen by
 `workflow_args.env`, built with `workflow_args.env_args`) gives a first observation on `reset(task)`
-and answers each model turn with `step(action) -> (observation, reward, done)`. The Experience holds
-prompt + [turn 1, observation 1, turn 2, ...]: model tokens have `action_mask` True and their engine
-log-probs; observation tokens (the chat-template text between two model turns) have mask False and
-log-prob 0, so the trainer learns only from what the model said. Reward = sum of step rewards.
-Either method may be `async def`.
+and answers each model turn with `step(action) -> (observation, reward, done)` or, gym-style,
+`(observation, reward, done, info)`; an optional `close()` ends the episode (a connection, a game).
+Any of them may be `async def`. The same object is what the adapters of environment libraries are
+(openenv_env.py: an OpenEnv server; text_games.py: a TextArena game) and what `served.py` plays through
+serve mode's OpenAI endpoint as one session, so an environment written once runs in all three.
+
+The Experience holds prompt + [turn 1, observation 1, turn 2, ...]: model tokens have `action_mask`
+True and their engine log-probs; observation tokens (the chat-template text between two model turns)
+have mask False and log-prob 0, so the trainer learns only from what the model said. Reward = sum of
+step rewards; when a turn before the last one is rewarded, `token_level_rewards` holds each step's
+reward on the last token of the model turn it answered (per-turn credit; the sum is the same). `info`
+of the last step (values as strings) goes into the Experience's `info`.
 
 Tools: when the row has a list of OpenAI tool specs under `format.tools_key` (default "tools"), or
 `workflow_args.tools`, or the environment has a `tools` attribute, the specs are rendered into the
@@ -40,8 +47,35 @@ class Environment(Protocol):
         ...
 
     def step(self, action: str) -> Any:
-        """(observation, reward, done), or an awaitable of it."""
+        """(observation, reward, done) or (observation, reward, done, info), or an awaitable of it."""
         ...
+
+    # optional: `close()` (or `async def close()`), called once when the episode ends, however it ends
+
+
+async def maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+def step_result(value: Any) -> tuple[str, float, bool, dict[str, str]]:
+    """A step's return value as (observation, reward, done, info): 3- and 4-tuples are accepted, a
+    reward of None counts 0, info values become strings."""
+    if not isinstance(value, (tuple, list)) or len(value) not in (3, 4):
+        raise TypeError(
+            f"an environment's step() must return (observation, reward, done[, info]), got {value!r}"
+        )
+    observation, reward, done = value[0], value[1], value[2]
+    info = value[3] if len(value) == 4 and value[3] is not None else {}
+    if not isinstance(info, dict):
+        raise TypeError(f"the info of an environment's step() must be a dict, got {info!r}")
+    return str(observation), float(reward or 0.0), bool(done), {str(k): str(v) for k, v in info.items()}
+
+
+async def close_environment(env: Any) -> None:
+    """Call the environment's `close()` when it has one (sync or async)."""
+    close = getattr(env, "close", None)
+    if callable(close):
+        await maybe_await(close())
 
 
 ENVIRONMENTS: Registry[Any] = Registry("environment")
@@ -69,10 +103,6 @@ class GuessNumberEnv:
         return ("Higher." if guess < self.target else "Lower."), 0.0, False
 
 
-async def _maybe_await(value: Any) -> Any:
-    return await value if inspect.isawaitable(value) else value
-
-
 @WORKFLOWS.register("multi_turn")
 class MultiTurnWorkflow(WorkflowBase):
     is_async = True
@@ -81,12 +111,14 @@ class MultiTurnWorkflow(WorkflowBase):
 
     default_env = "guess_number"
     default_max_turns = 4
+    env_arg_names: tuple[str, ...] = ()  # workflow_args keys also passed to the environment
     _tool_specs: list[dict[str, Any]] | None = None
 
     def _env(self) -> Environment:
         name = self.args.get("env", self.default_env)
         factory = ENVIRONMENTS.get(name) if isinstance(name, str) else name
-        return factory(**dict(self.args.get("env_args", {})))
+        options = {k: self.args[k] for k in self.env_arg_names if k in self.args}
+        return factory(**{**options, **dict(self.args.get("env_args", {}))})
 
     def _tools(self, env: Any) -> list[dict[str, Any]] | None:
         """The row's tool specs (`format.tools_key`), else `workflow_args.tools`, else `env.tools`."""
@@ -116,6 +148,12 @@ class MultiTurnWorkflow(WorkflowBase):
 
     async def run_async(self) -> list[Experience]:
         env = self._env()
+        try:
+            return await self._episode(env)
+        finally:
+            await close_environment(env)
+
+    async def _episode(self, env: Environment) -> list[Experience]:
         self._tool_specs = self._tools(env)
         parser = str(
             self.args.get("tool_call_parser") or getattr(self.model, "tool_call_parser", None) or "hermes"
@@ -128,7 +166,7 @@ class MultiTurnWorkflow(WorkflowBase):
         per_turn = sampling.max_tokens  # the taskset's limit, per turn
         budget = int(self.args.get("max_response_tokens", per_turn * max_turns))
 
-        first = str(await _maybe_await(env.reset(self.task)))
+        first = str(await maybe_await(env.reset(self.task)))
         messages: list[dict[str, Any]] = []
         if system := self.task.system_prompt():
             messages.append({"role": "system", "content": system})
@@ -140,6 +178,8 @@ class MultiTurnWorkflow(WorkflowBase):
         mask: list[bool] = []
         logprobs: list[torch.Tensor] = []
         total_reward, turns, done, version = 0.0, 0, False, self.model.model_version
+        turn_rewards: list[tuple[int, float]] = []  # (response position of the turn's last token, reward)
+        info: dict[str, str] = {}
         for turn in range(max_turns):
             turn_limit = max(1, min(per_turn, budget - len(response)))
             out = (
@@ -158,13 +198,15 @@ class MultiTurnWorkflow(WorkflowBase):
             if parsed is not None and parsed.tool_calls and call_tool is not None:
                 tool_calls += len(parsed.tool_calls)
                 for call in parsed.tool_calls:
-                    result = await _maybe_await(call_tool(call))
+                    result = await maybe_await(call_tool(call))
                     messages.append({"role": "tool", "tool_call_id": call.id, "content": str(result)})
                 if turn == max_turns - 1:
                     break
             else:
-                observation, reward, done = await _maybe_await(env.step(out.text))
-                total_reward += float(reward)
+                observation, reward, done, info = step_result(await maybe_await(env.step(out.text)))
+                total_reward += reward
+                if response:
+                    turn_rewards.append((len(response) - 1, reward))
                 if done or turn == max_turns - 1:
                     break
                 messages.append({"role": "user", "content": str(observation)})
@@ -185,7 +227,13 @@ class MultiTurnWorkflow(WorkflowBase):
             prompt_text=prompt_text,
             response_text="\n".join(m["content"] for m in messages[1:]),
             metrics={"reward": total_reward, "turns": float(turns), "response_length": float(len(response))},
+            info=info,
         )
+        if any(r != 0.0 for _, r in turn_rewards[:-1]):  # a turn before the last one was rewarded
+            per_token = torch.zeros(len(response))
+            for position, r in turn_rewards:
+                per_token[position] += r
+            exp.token_level_rewards = per_token
         if self._tool_specs:
             exp.metrics |= {"tool_calls": float(tool_calls), "tool_parse_errors": float(parse_errors)}
         exp.metrics["accuracy"] = float(total_reward >= float(self.args.get("correct_threshold", 1.0)))
