@@ -231,6 +231,40 @@ def conformance_buffer(
     raise typer.Exit(asyncio.run(run_buffer_suite(address, auth_token, group)))
 
 
+@conformance_app.command("synchronizer")
+def conformance_synchronizer(
+    address: Annotated[str, typer.Argument(help="the SynchronizerService, host:port")],
+    auth_token: Annotated[str | None, typer.Option(help="bearer token, when the server has auth on")] = None,
+) -> None:
+    """Run the synchronizer contract suite against ADDRESS, a synchronizer no run uses (it registers a
+    trainer and publishes versions): one PASS/FAIL/SKIP line per guarantee of synchronizer.proto. Exit 0 all
+    passed, 1 a check failed, 2 usage (e.g. the synchronizer has live members)."""
+    import asyncio
+
+    from launcher.conformance.synchronizer import run_synchronizer_suite
+
+    raise typer.Exit(asyncio.run(run_synchronizer_suite(address, auth_token)))
+
+
+@conformance_app.command("explorer")
+def conformance_explorer(
+    address: Annotated[str, typer.Argument(help="the ExplorerService, host:port")],
+    auth_token: Annotated[str | None, typer.Option(help="bearer token, when the server has auth on")] = None,
+    drive: Annotated[
+        bool,
+        typer.Option(help="also run explore/eval steps and weight-group calls (an explorer of your own)"),
+    ] = False,
+) -> None:
+    """Run the explorer contract suite against ADDRESS: one PASS/FAIL/SKIP line per guarantee of
+    explorer.proto. Without --drive only checks that change nothing run. Exit 0 all passed, 1 a check
+    failed, 2 usage (e.g. a token needed)."""
+    import asyncio
+
+    from launcher.conformance.explorer import run_explorer_suite
+
+    raise typer.Exit(asyncio.run(run_explorer_suite(address, auth_token, drive)))
+
+
 @app.command("make-tiny-model")
 def make_tiny_model_cmd(
     out_dir: Path,

@@ -9,23 +9,7 @@ import grpc
 from rft.v1 import buffer_pb2
 
 from launcher.conformance.buffer_context import CALL_TIMEOUT_S, BufferContext
-from launcher.conformance.harness import check, expect_error, require
-
-MAX_MESSAGE_CHARS = 512  # generous: the field, a why, 64 shown characters and a length
-SHOWN_CHARS = 64
-
-
-async def refused(call: Awaitable, field: str, value: str = "") -> None:
-    """`call` is INVALID_ARGUMENT starting with `field`, short, and echoing at most 64 chars of `value`."""
-    err = await expect_error(call, grpc.StatusCode.INVALID_ARGUMENT, f"over-long {field}")
-    details = err.details() or ""
-    require(
-        details.startswith(field), f"{field}: the message does not start with the field: {details[:80]!r}"
-    )
-    require(len(details) <= MAX_MESSAGE_CHARS, f"{field}: the message is {len(details)} characters long")
-    if len(value) > SHOWN_CHARS:
-        run = value[: SHOWN_CHARS + 1]
-        require(run not in details, f"{field}: the message echoes more than {SHOWN_CHARS} characters")
+from launcher.conformance.harness import check, expect_error, refused
 
 
 @check("bounds_strings")

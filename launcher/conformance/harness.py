@@ -1,6 +1,7 @@
-"""What every check of a suite shares: the outcome types, a registry of named checks, and the runner
-that prints one `PASS|FAIL|SKIP name: reason` line per check and returns the exit code (0 when none
-failed, 1 otherwise)."""
+"""What every check of a suite shares: the outcome types, a registry of named checks, the runner that
+prints one `PASS|FAIL|SKIP name: reason` line per check and returns the exit code (0 when none failed,
+1 otherwise), and the two checks every service's contract states alike: bounds (`refused`) and auth
+before parse (`auth_before_parse_of`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,12 @@ from typing import Any, TextIO
 
 import grpc
 
+from services.common.rpc import create_channel
+
 CHECK_TIMEOUT_S = 60.0  # one check's whole budget; every wait inside has its own, shorter deadline
+MAX_MESSAGE_CHARS = 512  # a refusal's message: the field, a why, 64 shown characters and a length
+SHOWN_CHARS = 64
+GARBAGE = b"\xff\xff\xff\xff\x0f"  # not a protobuf message: a truncated varint of an invalid tag
 
 
 class CheckFailed(Exception):
@@ -105,4 +111,88 @@ def summary(outcomes: Sequence[Outcome]) -> str:
     return (
         f"{len(outcomes)} checks: {counts['PASS']} passed, {counts['FAIL']} failed, "
         f"{counts['SKIP']} skipped ({sum(o.seconds for o in outcomes):.1f} s)"
+    )
+
+
+async def refused(call: Awaitable[Any], field: str, value: str = "") -> str:
+    """`call` is INVALID_ARGUMENT starting with `field`, at most 512 characters long and echoing at most 64
+    characters of `value`; its message."""
+    err = await expect_error(call, grpc.StatusCode.INVALID_ARGUMENT, f"over-long {field}")
+    details = err.details() or ""
+    require(
+        details.startswith(field), f"{field}: the message does not start with the field: {details[:80]!r}"
+    )
+    require(len(details) <= MAX_MESSAGE_CHARS, f"{field}: the message is {len(details)} characters long")
+    if len(value) > SHOWN_CHARS:
+        run = value[: SHOWN_CHARS + 1]
+        require(run not in details, f"{field}: the message echoes more than {SHOWN_CHARS} characters")
+    return details
+
+
+async def _drain(call: Any) -> None:
+    async for _ in call:
+        pass
+
+
+async def auth_before_parse_of(
+    address: str,
+    channel: grpc.aio.Channel,
+    token: str | None,
+    tag: str,
+    service: str,
+    probe: tuple[str, bytes],
+    unary: Sequence[str],
+    client_streams: Sequence[str] = (),
+    server_streams: Sequence[str] = (),
+    parsed: str = "",
+) -> str:
+    """Auth before parse for `service` (e.g. `rft.v1.SynchronizerService`): SKIP without a token or when
+    `probe` (method, valid body) answers without one; else every method, `unary`, `client_streams` and
+    `server_streams`, called with a malformed body without a token and with a wrong one, must be
+    UNAUTHENTICATED, and `parsed` (a unary method) called with the token and the same garbage
+    INVALID_ARGUMENT (on `channel`, which carries the token). The PASS reason."""
+    if not token:
+        raise CheckSkipped("no --auth-token given: cannot tell a server with auth on")
+    timeout = 10.0
+    async with create_channel(address, timeout_s=timeout, retries=2) as bare:
+        method, body = probe
+        try:
+            await bare.unary_unary(f"/{service}/{method}")(body, timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAUTHENTICATED:
+                raise
+        else:
+            raise CheckSkipped(f"the server answers {method} without a token: auth is off there")
+        for bad in ("", "wrong-" + tag):
+            metadata = (("authorization", f"Bearer {bad}"),) if bad else None
+            who = "with a wrong token" if bad else "without a token"
+            calls: list[tuple[str, Callable[[], Awaitable[Any]]]] = []
+            for name in unary:
+                call = bare.unary_unary(f"/{service}/{name}")
+                calls.append((name, lambda c=call, m=metadata: c(GARBAGE, timeout=timeout, metadata=m)))
+            for name in client_streams:
+                call = bare.stream_unary(f"/{service}/{name}")
+                calls.append(
+                    (name, lambda c=call, m=metadata: c(iter([GARBAGE]), timeout=timeout, metadata=m))
+                )
+            for name in server_streams:
+                call = bare.unary_stream(f"/{service}/{name}")
+                calls.append(
+                    (name, lambda c=call, m=metadata: _drain(c(GARBAGE, timeout=timeout, metadata=m)))
+                )
+            for name, start in calls:
+                await expect_error(
+                    start(), grpc.StatusCode.UNAUTHENTICATED, f"{name} {who} and a malformed body"
+                )
+    count = len(unary) + len(client_streams) + len(server_streams)
+    if not parsed:
+        return f"{count} methods refused garbage without/with a wrong token"
+    call = channel.unary_unary(f"/{service}/{parsed}")
+    err = await expect_error(
+        call(GARBAGE, timeout=timeout),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        f"{parsed} with the token and garbage",
+    )
+    return (
+        f"{count} methods refused garbage without/with a wrong token; with it: {one_line(err.details(), 60)}"
     )

@@ -1,6 +1,6 @@
 """ExplorerService over gRPC: a thin adapter from `rft.v1` messages to `ExplorerCore` and
-`WeightReceiver`, mapping errors to status codes (bad input INVALID_ARGUMENT, wrong state
-FAILED_PRECONDITION, a broken weight-sync group UNAVAILABLE)."""
+`WeightReceiver`, mapping errors to status codes (bad input INVALID_ARGUMENT, a broken LoadWeights chunk
+stream included, wrong state FAILED_PRECONDITION, a broken weight-sync group UNAVAILABLE)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import grpc
 from rft.v1 import common_pb2, explorer_pb2, explorer_pb2_grpc
 
 from services.common.weight_sync import GroupInfo, WeightSyncError
-from services.common.weight_sync.errors import GroupBrokenError, StaleGenerationError
+from services.common.weight_sync.errors import GroupBrokenError, MissingChunkError, StaleGenerationError
 from services.explorer.core import ExplorerCore, find_checkpoints
 from services.explorer.serve.backend import ServeBackend
 from services.explorer.serve.sessions import SessionError
@@ -33,7 +33,7 @@ STATUS = {
 async def _guard(context: grpc.aio.ServicerContext, call: Callable[[], Awaitable[T]]) -> T:
     try:
         return await call()
-    except (KeyError, ValueError) as exc:
+    except (KeyError, ValueError, MissingChunkError) as exc:  # a broken chunk stream is the caller's
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
     except (StaleGenerationError, TasksetError) as exc:
         await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))

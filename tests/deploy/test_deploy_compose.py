@@ -5,7 +5,11 @@ in the engine, so a warm run reuses them). Each scenario brings the stack up fro
 as a user would (`up -d --scale explorer=2`), with the shipped deploy/config/run.yaml changed only in
 `trainer.total_steps`, `trainer.save_interval` and `synchronizer.sync_method`:
 
-1. waits for trainer steps with rewards (the trainer starts on its own: `trainer.auto_start`);
+1. waits for trainer steps with rewards (the trainer starts on its own: `trainer.auto_start`); in the
+   memory scenario the Node.js example client (examples/clients/node) then runs from the host against the
+   stack's published ports as deploy/README.md says: it round-trips its 8 experiences through its own
+   consumer group (`node-client`, declared in deploy/config/run.yaml) and reads the run state; with a
+   wrong token it fails UNAUTHENTICATED (the trainer then trains on what it pushed, which the audit counts);
 2. scales to 3 explorers mid-run and waits until the new replica's experiences are in a checkpoint's
    lineage (trained), its metrics file written;
 3. SIGKILLs the trainer's process (and, in the memory scenario, then the buffer's), as the kernel's OOM
@@ -26,6 +30,7 @@ from __future__ import annotations
 import json
 import math
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +41,7 @@ import yaml
 
 from tests.support.compose_stack import DEPLOY, Stack, free_ports, wait_for
 from tests.support.docker_engine import CACHE, Engine
+from tests.support.node_client import node_client, run_client
 
 pytestmark = [pytest.mark.deploy, pytest.mark.slow]
 
@@ -48,10 +54,11 @@ class Scenario:
     sync_method: str
     total_steps: int
     kills: tuple[str, ...]  # services whose main process is SIGKILLed, in order
+    node_client: bool = False  # run examples/clients/node against the running stack
 
 
 SCENARIOS = {
-    "memory": Scenario("memory", total_steps=300, kills=("trainer", "buffer")),
+    "memory": Scenario("memory", total_steps=300, kills=("trainer", "buffer"), node_client=True),
     "nccl": Scenario("nccl", total_steps=300, kills=("trainer",)),
 }
 
@@ -114,6 +121,8 @@ def _run_scenario(stack: Stack, scenario: Scenario, seen: dict[str, Any]) -> Non
     rows = wait_for("3 trainer steps with rewards", rewarded, 300, stack.describe)
     seen["first_steps_s"] = round(time.monotonic() - t0)
     seen["first_rewards"] = [round(r["critic/rewards/mean"], 4) for r in rows[:3]]
+    if scenario.node_client:
+        _node_client_round_trip(stack, seen)
 
     # 2. a third explorer joins mid-run and its experiences are trained
     before = stack.explorer_ids()
@@ -185,3 +194,33 @@ def _run_scenario(stack: Stack, scenario: Scenario, seen: dict[str, Any]) -> Non
     assert report["produced"] == report["trained_once"] + report["remaining"] and report["ok"], report
     assert audit.returncode == 0, audit.stderr
     seen["run_s"] = round(time.monotonic() - t0)
+
+
+def _node_client_round_trip(stack: Stack, seen: dict[str, Any]) -> None:
+    """The README's command (`node examples/clients/node/client.js --buffer 127.0.0.1:$BUFFER_PORT
+    --synchronizer 127.0.0.1:$SYNCHRONIZER_PORT --token $RFT_AUTH_TOKEN`) against this stack: 8 of 8
+    experiences back through the `node-client` group, the run state read; a wrong token refused."""
+    node, why = node_client()
+    if node is None:  # the rest of the scenario still runs; the skip is said loudly
+        print(f"!!! NODE CLIENT NOT RUN against the compose stack: {why}", file=sys.stderr)
+        seen["node_client"] = f"not run: {why}"
+        return
+    buffer = f"127.0.0.1:{stack.env['BUFFER_PORT']}"
+    synchronizer = f"127.0.0.1:{stack.env['SYNCHRONIZER_PORT']}"
+    done = run_client(node, "--buffer", buffer, "--synchronizer", synchronizer, "--token", TOKEN)
+    assert done.returncode == 0, f"the Node client failed:\n{done.stderr}\n{stack.describe()}"
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["ok"] is True and summary["consumer_group"] == "node-client", summary
+    assert summary["put"]["accepted"] == 8 and summary["ours_back"] == 8 and summary["groups_back"] == 2, (
+        summary
+    )
+    assert summary["acked"] == summary["leased"] >= 8, summary
+    state = summary["run_state"]
+    assert state["sync_method"] == "memory" and state["finished"] is False, state
+    assert any(m["role"] == "MEMBER_ROLE_TRAINER" for m in state["members"]), state
+    refused = run_client(node, "--buffer", buffer, "--token", "wrong-" + TOKEN, "--no-consume")
+    failure = json.loads(refused.stderr.strip().splitlines()[-1])
+    assert refused.returncode == 1 and failure["code"] == "UNAUTHENTICATED", refused.stderr
+    seen["node_client"] = {
+        k: summary[k] for k in ("put", "leases", "leased", "acked", "ours_back", "groups_back")
+    }

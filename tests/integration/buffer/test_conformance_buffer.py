@@ -6,7 +6,6 @@ subprocess, as a user runs it."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
@@ -21,6 +20,8 @@ from rft.v1 import buffer_pb2, buffer_pb2_grpc
 
 from launcher.conformance.buffer import CHECKS
 from services.common.rpc import create_channel
+from tests.support.conformance import conformance as run_conformance
+from tests.support.conformance import statuses
 
 ROOT = Path(__file__).resolve().parents[3]
 ENV = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'protos'}")
@@ -73,22 +74,7 @@ def buffer_process(tmp_path: Path, store: str, redis_url: str = "", token: str =
 
 async def conformance(address: str, *args: str) -> tuple[int, str]:
     """Run `rft conformance buffer ADDRESS ARGS` as a process; (exit code, stdout + stderr)."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "launcher.cli", "conformance", "buffer", address, *args,
-        cwd=ROOT, env=ENV, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )  # fmt: skip
-    out, _ = await asyncio.wait_for(proc.communicate(), 240)
-    return proc.returncode or 0, out.decode()
-
-
-def statuses(output: str) -> dict[str, str]:
-    """{check name: PASS|FAIL|SKIP} from the suite's lines."""
-    found = {}
-    for line in output.splitlines():
-        status, _, rest = line.partition(" ")
-        if status in ("PASS", "FAIL", "SKIP") and ":" in rest:
-            found[rest.split(":", 1)[0]] = status
-    return found
+    return await run_conformance("buffer", address, *args)
 
 
 @pytest.mark.parametrize("store", ["memory", "redis"])

@@ -8,14 +8,13 @@ Its README's instructions, as they are: `rft serve buffer|synchronizer` with the
 token and the Redis URL, as compose passes them) and the client with the README's arguments alone. Its
 group (`node-client`) is declared there, and its acks delete nothing the trainer's group still holds.
 
-Skips (loudly) only when `node` is missing or the client's node_modules are not installed
-(`npm ci --prefix examples/clients/node`, done by scripts/setup.sh)."""
+The client's npm dependencies are installed (`npm ci --prefix examples/clients/node`) when missing; skips
+(loudly) only when `node`, or `npm` to install them with, is missing."""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +30,7 @@ import yaml
 from rft.v1 import buffer_pb2, buffer_pb2_grpc
 
 from services.common.experience import from_proto
+from tests.support.node_client import node_client
 from tests.support.redis_server import RedisServer, require_redis_server
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -41,14 +41,10 @@ AUTH = (("authorization", f"Bearer {TOKEN}"),)
 
 
 def _require_node() -> str:
-    node = shutil.which("node")
+    """`node`, with the client's dependencies installed (`npm ci`) when they are missing."""
+    node, why = node_client()
     if node is None:
-        pytest.skip("NODE CLIENT NOT TESTED: `node` is not on PATH (install Node.js >= 18)")
-    if not (CLIENT_DIR / "node_modules" / "@grpc" / "grpc-js").is_dir():
-        pytest.skip(
-            "NODE CLIENT NOT TESTED: its dependencies are not installed; "
-            "run `npm ci --prefix examples/clients/node` (scripts/setup.sh does)"
-        )
+        pytest.skip(f"NODE CLIENT NOT TESTED: {why}")
     return node
 
 
