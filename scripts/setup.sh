@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Set up RFT Mesh in ./.venv on a fresh machine: uv, the right torch build, the project with its dev and
-# monitors extras (pinned by requirements/constraints.txt; `monitors` = tensorboard, wandb and mlflow, which
-# the monitor tests read back), and redis-server from the OS packages when missing.
+# Set up RFT Mesh in ./.venv on a fresh machine: uv, the right torch build, the project with its dev,
+# monitors and reasoning-gym extras (pinned by requirements/constraints.txt; `monitors` = tensorboard, wandb
+# and mlflow, which the monitor tests read back; `reasoning-gym` for its taskset source, reward and example;
+# `openenv`, `textarena` and `verifiers` for the environment-library workflows and their tests),
+# and redis-server from the OS packages when missing.
 #
 # torch: on a machine without an NVIDIA GPU the CPU build (torch==2.13.0) is installed FIRST, so no CUDA
 # packages are pulled. Set RFT_TORCH_INDEX to a PyTorch wheel index URL to choose the build yourself.
@@ -10,7 +12,7 @@ cd "$(dirname "$0")/.."
 
 VENV=${RFT_VENV:-.venv}
 TORCH_VERSION=${RFT_TORCH_VERSION:-2.13.0}
-EXTRAS=${RFT_EXTRAS:-dev,monitors}
+EXTRAS=${RFT_EXTRAS:-dev,monitors,reasoning-gym,openenv,textarena,verifiers}
 
 if ! command -v uv >/dev/null 2>&1; then
   echo "[setup] installing uv"

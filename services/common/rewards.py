@@ -1,5 +1,6 @@
 """Rule-based reward scorers, shared by the explorer (workflows score rollouts) and the trainer
-(reward managers): gsm8k, math, format, countdown, and dispatch by ``data_source``.
+(reward managers): gsm8k, math, format, countdown, reasoning_gym (each reasoning-gym dataset's own
+``score_answer``), and dispatch by ``data_source``.
 
 A scorer is ``fn(solution_str, ground_truth, extra_info=None, **options) -> float | dict`` (a dict
 must hold ``"score"``; its other keys become per-sample extra info).  Scorers are registered by
@@ -18,6 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from services.common.reasoning_gym_tasks import reasoning_gym_score
 from services.common.registry import Registry
 
 __all__ = [
@@ -240,6 +242,11 @@ def countdown_score(
     return score if abs(value - float(ground_truth["target"])) < 1e-5 else format_score
 
 
+# ---------------------------------------------------------------- reasoning-gym
+# each dataset's own `score_answer` (services/common/reasoning_gym_tasks.py; the `reasoning-gym` extra)
+REWARD_SCORERS.add("reasoning_gym", reasoning_gym_score)
+
+
 # ---------------------------------------------------------------- dispatch
 DATA_SOURCE_SCORERS: Mapping[str, str] = {
     "openai/gsm8k": "gsm8k",
@@ -251,6 +258,7 @@ DATA_SOURCE_SCORERS: Mapping[str, str] = {
     "math_dapo": "math",
     "math_dapo_reasoning": "math",
     "countdown": "countdown",
+    "reasoning_gym": "reasoning_gym",
 }
 _PREFIX_SCORERS = (("aime", "math"), ("countdown", "countdown"))
 

@@ -98,12 +98,22 @@ def open_tasksets(
     shard: tuple[int, int] = (0, 1),
 ) -> list[tuple[Taskset, TaskFactory]]:
     epochs = 1 if is_eval else resolved.config.buffer.total_epochs
+    ei = resolved.config.buffer.explorer_input
     out = []
     for i, cfg in enumerate(configs):
         name = taskset_name(cfg, i, "eval" if is_eval else "taskset")
+        if is_eval:
+            where = f"buffer.explorer_input.eval_tasksets[{i}]"
+        else:
+            where = "buffer.explorer_input." + ("taskset" if ei.taskset is not None else f"tasksets[{i}]")
         factory = TaskFactory(resolved, cfg, name, is_eval=is_eval, needs_response=needs_response)
         taskset = Taskset(
-            cfg, name=name, total_epochs=epochs, needs_response=factory.needs_response, shard=shard
+            cfg,
+            name=name,
+            total_epochs=epochs,
+            needs_response=factory.needs_response,
+            shard=shard,
+            where=where,
         )
         out.append((taskset, factory))
     return out
