@@ -37,8 +37,18 @@ SYSTEM = re.compile(r"^(torch|triton|nvidia-.*)$")
 # Not imported by anything the GPU check runs (pytest -m gpu files, bench/rollout.py, bench/trainer_step.py,
 # the one-GPU quickstart of bench/gpu_quickstart.py: its jsonl data reads without `datasets`, see
 # services/common/json_rows.py, and `rft run` draws no curves without matplotlib). fastapi and uvicorn
-# travel: the explorer imports its OpenAI-compatible endpoint's app at start.
-NOT_NEEDED = {"datasets", "pyarrow", "matplotlib", "math-verify", "openai", "ruff", "grpcio-tools"}
+# travel: the explorer imports its OpenAI-compatible endpoint's app at start. cryptography only makes the
+# TLS tests' certificates.
+NOT_NEEDED = {
+    "datasets",
+    "pyarrow",
+    "matplotlib",
+    "math-verify",
+    "openai",
+    "ruff",
+    "grpcio-tools",
+    "cryptography",
+}
 # pip of this interpreter, else of the system python3 (a uv-made venv has no pip of its own)
 PIP = [sys.executable, "-m", "pip"] if importlib.util.find_spec("pip") else ["python3", "-m", "pip"]
 # The editable install of the project builds with these (pyproject.toml [build-system]).
