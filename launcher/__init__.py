@@ -1,7 +1,7 @@
 """`rft run`: a whole run as local processes on loopback, one stage after another.
 
 Not a service: it starts the services (`python -m services.<name> --config FILE`) and talks to them
-only through their process interface (port file, gRPC health, SIGTERM) and the files they write
+only through their process interface (port file, gRPC health and liveness, SIGTERM) and the files they write
 (metrics, checkpoints). It imports `services.common` and libraries, and the services' registries
 only to check a config's names (names.py).
 
@@ -10,9 +10,12 @@ only to check a config's names (names.py).
     gpus.py          which GPUs each process sees (CUDA_VISIBLE_DEVICES from cluster.gpu_per_node)
     preflight.py     Redis answers, monitor package installed, model folder there, the memory plan
                      fits the GPUs (before any start)
-    processes.py     one child process: log file, port file, health, SIGTERM then SIGKILL
+    processes.py     one child process: log file, port file, health, liveness, SIGTERM then SIGKILL
     runner.py        one stage: its processes, the progress display, the offline-data feeder
-    supervisor.py    start in waves, supervise, restart what fails (`services.max_restarts`), stop in order
+    supervisor.py    start in waves, supervise, restart what fails (`services.max_restarts`) or hangs,
+                     stop in order
+    watchdog.py      hung or busy: no liveness answer for `services.liveness_timeout` seconds
+    autoheal.py      the compose stack's restarter of unhealthy containers (`python -m launcher.autoheal`)
     offline_data.py  SFT rows -> experiences into a train stage's buffer
     progress.py      live progress from metrics/*.jsonl (rich on a TTY, log lines otherwise)
     summary.py       summary.json per stage and for the run

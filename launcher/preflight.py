@@ -1,6 +1,7 @@
 """Checks `rft run` makes before it starts any process, so a run that cannot work fails at once with
 a message saying what to do: the Redis server a `redis` buffer store needs answers, the monitor
-backend's package is installed, the first stage's model folders and every stage's data files exist.
+backend's package is installed, the first stage's model folders and every stage's data and TLS files
+exist, and TLS on names the CA the services verify each other with.
 
 Relative paths are resolved against the current directory, as the services `rft run` starts (they
 run in it) resolve them; `rft config check` runs the same path checks (`path_problems`) and the same
@@ -75,6 +76,25 @@ def _data_paths(config: RFTConfig) -> list[tuple[str, str]]:
     return out
 
 
+def _tls_paths(config: RFTConfig) -> list[tuple[str, str]]:
+    tls = config.services.tls
+    keys = ("cert_file", "key_file", "ca_file", "client_cert_file", "client_key_file")
+    return [(f"services.tls.{key}", getattr(tls, key)) for key in keys if getattr(tls, key)]
+
+
+def tls_problems(config: RFTConfig) -> list[str]:
+    """What keeps `rft run`'s services from talking TLS to each other: they dial 127.0.0.1 and check
+    the servers' certificate against `ca_file`, so TLS on needs it."""
+    tls = config.services.tls
+    if tls.enabled and not tls.ca_file:
+        return [
+            "services.tls.cert_file is set but services.tls.ca_file is not: the services `rft run` starts "
+            "dial each other at 127.0.0.1 and verify the certificate with ca_file; set services.tls.ca_file "
+            "(the CA that signed cert_file, or cert_file itself when it is self-signed)"
+        ]
+    return []
+
+
 def path_problems(stages: list[RFTConfig]) -> list[str]:
     """Every local path the stages read that is not there: the first stage's model folders (later
     stages start from the previous stage's export) and every stage's tasksets and SFT data."""
@@ -101,6 +121,9 @@ def path_problems(stages: list[RFTConfig]) -> list[str]:
                 continue
             if path and not Path(path).expanduser().exists():
                 problems.append(f"{label}{key} {path!r}{_relative(path)} does not exist")
+        for key, path in _tls_paths(config):
+            if not Path(path).expanduser().is_file():
+                problems.append(f"{label}{key} {path!r}{_relative(path)} is not a file")
     return sorted(set(problems), key=problems.index)
 
 
@@ -127,6 +150,6 @@ def preflight(stages: list[RFTConfig]) -> None:
         check_redis(url)
     for monitor_type in sorted({c.monitor.monitor_type for c in stages}):
         check_monitor(monitor_type)
-    problems = path_problems(stages)
+    problems = path_problems(stages) + [p for c in stages[:1] for p in tls_problems(c)]
     if problems:
         raise PreflightError("; ".join(problems))

@@ -1,7 +1,8 @@
 """One service as a local child process: started with `--config FILE --port-file PATH`, its output
 redirected to `<job_dir>/log/<name>.log` (`first_error` finds the first exception it logged, for the
 failure message of `rft run`), ready when it wrote its port and the gRPC health service
-answers SERVING, stopped with SIGTERM (graceful) and then SIGKILL after a deadline.
+answers SERVING, stopped with SIGTERM (graceful) and then SIGKILL after a deadline. Once ready, `progress`
+asks its `rft.v1.Liveness` (its heartbeat and step) for the supervisor's watchdog (launcher/watchdog.py).
 
 Children run in their own session so a Ctrl-C in the terminal reaches only `rft run`, which then
 stops them in order (explorers and trainer first, so the trainer flushes its checkpoint while the
@@ -26,7 +27,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
+from rft.v1 import liveness_pb2, liveness_pb2_grpc
+
+from launcher.watchdog import Answer
+from services.common.config.services import TLSConfig
 from services.common.healthcheck import check as health_check
+from services.common.rpc.client import create_channel
 
 # argv: the launcher's pid, then the command. prctl 1 = PR_SET_PDEATHSIG; exits if the launcher is gone.
 _DIE_WITH_PARENT = """\
@@ -144,6 +151,9 @@ class ServiceProcess:
     port: int | None = None
     # where this start's output begins in the log file (the file keeps earlier starts' output)
     log_offset: int = 0
+    # what a client of the service needs (`services.auth_token`, `services.tls`): for `progress`
+    auth_token: str | None = None
+    tls: TLSConfig | None = None
 
     def start(self, cwd: Path | None = None, extra_env: Mapping[str, str] | None = None) -> None:
         """Start (or start again, after it exited): the port is read anew from the port file."""
@@ -192,21 +202,43 @@ class ServiceProcess:
             raise RuntimeError(f"{self.name} has no port yet")
         return f"127.0.0.1:{self.port}"
 
-    def healthy(self, ca_file: str | None = None) -> bool:
-        """True when the port is known and the health service answers SERVING."""
+    def healthy(self) -> bool:
+        """True when the port is known and the health service answers SERVING (over `tls` when on)."""
         if self.read_port() is None:
             return False
+        files: dict[str, str | None] = {}
+        if self.tls is not None and self.tls.client_tls:
+            cert, key = self.tls.client_identity or (None, None)
+            files = {"ca_file": self.tls.ca_file, "cert_file": cert, "key_file": key}
         try:
-            return health_check(self.address, timeout_s=2.0, ca_file=ca_file) == "SERVING"
+            return health_check(self.address, timeout_s=2.0, **files) == "SERVING"
         except Exception:  # unreachable for now: grpc.RpcError, or a reset connection
             return False
 
+    def channel(self, timeout_s: float) -> grpc.aio.Channel:
+        """A client channel to it (once ready: the port is known), with `auth_token` and `tls`; the
+        caller closes it. One per watch, so each liveness question reuses the connection."""
+        return create_channel(self.address, auth_token=self.auth_token, tls=self.tls, timeout_s=timeout_s)
+
+    @staticmethod
+    async def progress(channel: grpc.aio.Channel, timeout_s: float) -> Answer | None:
+        """Its answer to `rft.v1.Liveness/Progress` within `timeout_s`, or None when none came."""
+        try:
+            reply = await liveness_pb2_grpc.LivenessStub(channel).Progress(
+                liveness_pb2.ProgressRequest(), timeout=timeout_s
+            )
+        except grpc.RpcError:  # DEADLINE_EXCEEDED: stopped or wedged; UNAVAILABLE: gone
+            return None
+        return Answer(reply.heartbeat_age_s, reply.unit, reply.step, reply.moved_age_s)
+
     def terminate(self) -> None:
-        """SIGTERM: the graceful stop of every service."""
+        """SIGTERM: the graceful stop of every service. Then SIGCONT: a stopped (SIGSTOP) process acts on
+        a signal only once it runs again, and a running one ignores SIGCONT."""
         if self.running:
             assert self.proc is not None
             with contextlib.suppress(ProcessLookupError):
                 self.proc.send_signal(signal.SIGTERM)
+                self.proc.send_signal(signal.SIGCONT)
 
     def kill(self) -> None:
         if self.running:

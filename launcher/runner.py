@@ -8,7 +8,9 @@ The stage is over when every process that ends the run (trainer; explorers; in b
 explorer) has exited 0; the trainer ending first gives the explorers `EXPLORER_GRACE_S` (supervisor.py)
 to see the run finished and stop. A process that fails is restarted up to `services.max_restarts`
 times; with the memory store a buffer failure restarts the whole stage (stop everything in order,
-start again, feed the offline data again), since the experiences died with the buffer. Beyond that
+start again, feed the offline data again), since the experiences died with the buffer. A process that
+has stopped answering its liveness check for `services.liveness_timeout` seconds (stopped, wedged) is
+killed and restarted the same way (supervisor.py, watchdog.py). Beyond that
 the stage fails (`StageFailed` names the process and carries its last log lines). A stop request
 (SIGINT/SIGTERM of `rft run`) stops the stage in order (see supervisor.py).
 """
@@ -72,6 +74,7 @@ class StageRun:
             ready_timeout_s=opts.ready_timeout_s,
             stop_timeout_s=opts.stop_timeout_s,
             on_restart=lambda _name: self.progress.restarted(),
+            liveness_timeout_s=self.config.services.liveness_timeout,
         )
         self._feeder: asyncio.Task[int] | None = None
         self._feed_stop = asyncio.Event()
@@ -98,6 +101,8 @@ class StageRun:
             port_file=run_dir / f"{name}.port",
             env={**self.env, **self.gpus.env(service, index)},
             finishes_run=service in ("trainer", "explorer"),
+            auth_token=self.opts.auth_token,
+            tls=self.config.services.tls,
         )
 
     def _processes(self, service: str) -> list[ServiceProcess]:

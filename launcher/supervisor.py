@@ -17,6 +17,12 @@ restarts the whole stage instead: `run` stops every process in order and starts 
 With the budget spent the stage fails (`StageFailed` names the process, the first exception its log
 holds since its last start, e.g. `ImportError: ...`, and carries its last log lines).
 
+Hung (`services.liveness_timeout`, launcher/watchdog.py): once a process is ready (first, or again after a
+restart) a background task asks its `rft.v1.Liveness` every few seconds. One that has not answered for
+the window (stopped, wedged, its event loop blocked) is killed (SIGKILL to its process group, torchrun's
+ranks included) and then takes the crash path above, budget and stage restart included, with one line:
+`explorer hung: no answer for 60 s (last heard on explore step 25); killed and restarted (1/3)`.
+
 Stop: SIGTERM to the second wave (the trainer flushes its checkpoint while the buffer is still up),
 wait, SIGKILL what is left, then the same for the first wave.
 """
@@ -31,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from launcher.processes import ServiceProcess, describe_exit
+from launcher.watchdog import Watchdog
 
 POLL_S = 0.25
 EXPLORER_GRACE_S = 60.0
@@ -65,6 +72,8 @@ class Supervisor:
         ready_timeout_s: float = 600.0,
         stop_timeout_s: float = 120.0,
         on_restart: Callable[[str], None] | None = None,
+        liveness_timeout_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.waves, self.label, self.policy, self.cwd = waves, label, policy, cwd
         self.ready_timeout_s, self.stop_timeout_s = ready_timeout_s, stop_timeout_s
@@ -72,6 +81,8 @@ class Supervisor:
         self.restarts = {p.name: 0 for p in self.processes}
         self._ports: dict[str, int] = {}  # first wave: where the second wave dials it
         self._recovering: dict[str, asyncio.Task[None]] = {}
+        self.watchdog = Watchdog(liveness_timeout_s, clock)
+        self._probes: dict[str, asyncio.Task[None]] = {}
 
     @property
     def processes(self) -> list[ServiceProcess]:
@@ -139,6 +150,7 @@ class Supervisor:
                 elif await asyncio.to_thread(p.healthy):
                     self._say(f"{p.name} ready at {p.address}")
                     pending.remove(p)
+                    self._watch(p)
             if not pending or stop.is_set():
                 return
             if time.monotonic() > deadline:
@@ -171,6 +183,10 @@ class Supervisor:
                     continue
                 if self._on_exit(p, code) == RESTART_STAGE:
                     return RESTART_STAGE
+            for p in self.processes:
+                reason = self.watchdog.hung(p.name) if p.running else None
+                if reason is not None and await self._on_hung(p, reason) == RESTART_STAGE:
+                    return RESTART_STAGE
             if all(p.poll() == 0 for p in finishers):
                 return "finished"
             trainer = next((p for p in finishers if p.name == "trainer"), None)
@@ -180,11 +196,23 @@ class Supervisor:
                     return "finished"  # the trainer is done; explorers that did not notice are stopped
             await _wait(stop, POLL_S)
 
-    def _on_exit(self, p: ServiceProcess, code: int) -> str | None:
-        """`p` ended when it should not have: restart it (or ask for the stage's restart), or fail."""
-        what = describe_exit(code) + ("" if code else " while the run was still going")
+    async def _on_hung(self, p: ServiceProcess, reason: str) -> str | None:
+        """`p` stopped answering: SIGKILL it, then handle it as a crash (`_on_exit`)."""
+        self._unwatch(p.name)
+        p.kill()
+        code = await asyncio.to_thread(p.wait, 30.0)
+        return self._on_exit(p, -9 if code is None else code, hung=reason)
+
+    def _on_exit(self, p: ServiceProcess, code: int, hung: str | None = None) -> str | None:
+        """`p` ended when it should not have (or was killed as `hung`): restart it (or ask for the
+        stage's restart), or fail."""
+        if hung is not None:
+            what = f"hung: {hung}; killed"
+        else:
+            what = describe_exit(code) + ("" if code else " while the run was still going")
         used, budget = self.restarts[p.name], self.policy.max_restarts
         self._cancel_recovery(p.name)
+        self._unwatch(p.name)
         if used >= budget:
             spent = f"; restarted {used} times already (services.max_restarts: {budget})" if budget else ""
             raise self._fail(p, what + spent)
@@ -195,7 +223,9 @@ class Supervisor:
         if p.name in self.policy.restarts_stage:
             self._say(f"{p.name} {what}; restarting the stage {count}: its in-memory data died with it")
             return RESTART_STAGE
-        self._say(f"{p.name} {what}; restarting {count}")
+        self._say(
+            f"{p.name} {what} and restarted {count}" if hung else f"{p.name} {what}; restarting {count}"
+        )
         port = self._ports.get(p.name)
         self._launch(p, {f"RFT_{p.name.upper()}_PORT": str(port)} if port is not None else None)
         self._recovering[p.name] = asyncio.create_task(self._await_ready(p, count, port))
@@ -209,6 +239,7 @@ class Supervisor:
                 if port is not None and p.port != port:
                     raise self._fail(p, f"came back on port {p.port}, not {port} where the others dial it")
                 self._say(f"{p.name} ready at {p.address} after restart {count}")
+                self._watch(p)
                 return
             if time.monotonic() > deadline:
                 raise self._fail(p, f"not ready {self.ready_timeout_s:.0f}s after restart {count}")
@@ -226,6 +257,48 @@ class Supervisor:
         if task is not None:
             task.cancel()
 
+    # ------------------------------------------------------------------ liveness
+    def _watch(self, p: ServiceProcess) -> None:
+        """`p` is ready: ask it for its liveness from now on (when `services.liveness_timeout` > 0)."""
+        if not self.watchdog.enabled:
+            return
+        self._unwatch(p.name)
+        self.watchdog.watch(p.name)
+        self._probes[p.name] = asyncio.create_task(self._probe(p), name=f"liveness-{p.name}")
+
+    def _unwatch(self, name: str) -> None:
+        self.watchdog.forget(name)
+        task = self._probes.pop(name, None)
+        if task is not None:
+            task.cancel()
+
+    async def _probe(self, p: ServiceProcess) -> None:
+        """Ask `p` for its liveness while it runs, on one connection; each outcome goes to the watchdog."""
+        deadline = self.watchdog.probe_deadline_s
+        try:
+            channel = p.channel(deadline)
+        except Exception as exc:  # e.g. unreadable TLS files: a fault of the check, not of the service
+            self._not_watched(p, exc)
+            return
+        try:
+            while p.running:
+                try:
+                    answer = await p.progress(channel, deadline)
+                except Exception as exc:  # a fault of the check itself must never get a service killed
+                    self._not_watched(p, exc)
+                    return
+                if answer is None:
+                    self.watchdog.unanswered(p.name)
+                else:
+                    self.watchdog.answered(p.name, answer)
+                await asyncio.sleep(self.watchdog.probe_interval_s)  # ok-sleep: the probe's period
+        finally:
+            await channel.close()
+
+    def _not_watched(self, p: ServiceProcess, exc: Exception) -> None:
+        self._say(f"{p.name}: its liveness cannot be checked ({type(exc).__name__}: {exc}); not watching it")
+        self.watchdog.forget(p.name)
+
     # ------------------------------------------------------------------ stop
     async def _stop_wave(self, wave: list[ServiceProcess]) -> None:
         running = [p for p in wave if p.running]
@@ -242,6 +315,8 @@ class Supervisor:
         """Stop every process in order: the second wave, then the first."""
         for name in list(self._recovering):
             self._cancel_recovery(name)
+        for name in list(self._probes):
+            self._unwatch(name)
         await self._stop_wave(self.waves[1])
         await self._stop_wave(self.waves[0])
 

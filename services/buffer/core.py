@@ -101,6 +101,8 @@ class BufferCore:
         self.settings = settings or BufferSettings()
         self._changed = asyncio.Event()
         self.consumer_groups: tuple[str, ...] = tuple(self.settings.consumer_groups)
+        # puts and batch requests taken up: the step the buffer reports as its progress (liveness)
+        self.handled = 0
 
     async def start(self) -> None:
         await self.store.start(self.consumer_groups)
@@ -145,6 +147,7 @@ class BufferCore:
 
         `wire`: each experience's bytes as received (see `WireBatch`), stored without re-serializing;
         `wire_bytes`: the size of the batch as received."""
+        self.handled += 1
         try:
             validate_batch(batch, self.settings.limits, wire_bytes, wire)
             check_text("batch.producer_id" if idempotent else "producer_id", batch.producer_id)
@@ -185,6 +188,7 @@ class BufferCore:
         lease_ms: int = 0,
         epoch: int = 0,
     ) -> Batch:
+        self.handled += 1
         if size <= 0:
             raise ValidationError("size", f"{size} must be > 0")
         if timeout_ms < 0:

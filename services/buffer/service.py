@@ -17,6 +17,7 @@ from services.buffer.replay_store import ReplayStore
 from services.buffer.servicer import registration
 from services.buffer.settings import BufferSettings
 from services.buffer.store import STORES
+from services.common import liveness
 from services.common.config import RFTConfig
 from services.common.log import get_logger
 from services.common.model_folder import ModelLoadError, read_vocab_size
@@ -64,6 +65,7 @@ def build_core(config: RFTConfig) -> BufferCore:
 async def build(config: RFTConfig) -> tuple[Sequence[Registration], Callable[[], Awaitable[None]] | None]:
     core = build_core(config)
     await core.start()
+    liveness.track("requests handled", lambda: core.handled)
     collector = BufferCollector(core, asyncio.get_running_loop())
     REGISTRY.register(collector)
 

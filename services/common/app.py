@@ -8,16 +8,21 @@ logging and the Prometheus endpoint, start the gRPC server, and stop gracefully 
 ends by itself (a run that drives itself, `trainer.auto_start` / `explorer.auto_start`) calls
 `stop_service(code)`: the same graceful stop as SIGTERM, and `service_main` returns `code` (the
 highest code asked for wins, so a failure is never masked by a clean stop asked later). A port that
-cannot be bound (`BindError`, e.g. "port N on HOST is in use") ends the process with code 1 and that
-one line on stderr. A service that cannot start (a plug-in folder that does not load, an exception
-while building it) logs the exception (`failed to start`, with its traceback) and exits 1, or 2 for
-plug-ins, before it serves; `rft run` shows that first exception in its failure message.
+cannot be bound (`BindError`, e.g. "port N on HOST is in use"; the Prometheus port likewise, naming its
+setting; TLS files that cannot be read) ends the process with code 1 and that one line on stderr. A
+service that cannot start (a plug-in folder that does not load, an exception while building it) logs
+the exception (`failed to start`, with its traceback) and exits 1, or 2 for plug-ins, before it serves;
+`rft run` shows that first exception in its failure message.
+
+Every service also serves `rft.v1.Liveness` (services/common/liveness.py): a heartbeat on its event loop
+and the step it is on (`liveness.track(...)` in its build), which `rft run` asks to tell a hung process.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import os
 import signal
 import sys
@@ -25,10 +30,17 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from prometheus_client import start_http_server
 
+from services.common import liveness
 from services.common.config import ConfigError, RFTConfig, load_config
 from services.common.log import configure_logging
 from services.common.plugins import PluginError, load_plugin_dirs, python_path, resolve_plugin_dirs
-from services.common.rpc.server import BindError, Registration, serve_until_signal, start_server
+from services.common.rpc.server import (
+    BindError,
+    PortInUseError,
+    Registration,
+    serve_until_signal,
+    start_server,
+)
 
 _EXIT_CODE = [0]
 # Set by `stop_service`; the served loop waits on it (with SIGTERM/SIGINT). It exists from before the
@@ -68,11 +80,23 @@ def load_service_plugins(config: RFTConfig, config_file: str, cli_dirs: Sequence
 Build = Callable[[RFTConfig], Awaitable[tuple[Sequence[Registration], Callable[[], Awaitable[None]] | None]]]
 
 
-def start_metrics_server(host: str, port: int) -> int | None:
-    """Serve Prometheus /metrics on `port` (0 = free port, -1 = off); returns the bound port."""
+def start_metrics_server(host: str, port: int, setting: str = "metrics_port") -> int | None:
+    """Serve Prometheus /metrics on `port` (0 = free port, -1 = off); returns the bound port. A port that
+    cannot be bound is `PortInUseError` / `BindError` naming `setting`, as for the gRPC port."""
     if port < 0:
         return None
-    server, _thread = start_http_server(port, addr=host)
+    try:
+        server, _thread = start_http_server(port, addr=host)
+    except OSError as exc:
+        fix = f"set {setting} to a free port, 0 for any free port or -1 for no metrics endpoint"
+        if exc.errno == errno.EADDRINUSE:
+            raise PortInUseError(
+                errno.EADDRINUSE, f"metrics port {port} on {host} is in use; {fix}"
+            ) from None
+        reason = exc.strerror or exc
+        raise BindError(
+            exc.errno or 0, f"could not serve metrics on {host}:{port}: {reason}; {fix}"
+        ) from None
     return int(server.server_port)
 
 
@@ -115,9 +139,11 @@ async def run_service(
     except Exception as exc:
         log.exception("failed to start", error=f"{type(exc).__name__}: {exc}")
         raise StartFailed(1) from exc
+    setting = f"services.{service}.metrics_port (or RFT_{service.upper()}_METRICS_PORT)"
     try:
+        metrics_port = start_metrics_server(endpoint.host, endpoint.metrics_port, setting)
         handle = await start_server(
-            registrations,
+            [*registrations, liveness.registration()],
             host=endpoint.host,
             port=endpoint.port if port is None else port,
             auth_token=config.services.auth_token,
@@ -129,13 +155,16 @@ async def run_service(
         if close is not None:
             await close()
         raise
-    metrics_port = start_metrics_server(endpoint.host, endpoint.metrics_port)
     if port_file:
         with open(port_file + ".tmp", "w") as fh:
             fh.write(str(handle.port))
         os.replace(port_file + ".tmp", port_file)
+    heartbeat = liveness.PROCESS.start()
     log.info("serving", port=handle.port, metrics_port=metrics_port, services=handle.service_names)
-    await serve_until_signal(handle, on_stop=close, stop_event=stop)
+    try:
+        await serve_until_signal(handle, on_stop=close, stop_event=stop)
+    finally:
+        await liveness.stop_heartbeat(heartbeat)
     log.info("stopped")
 
 

@@ -9,7 +9,11 @@ grpc_health_probe binary):
     healthcheck:
       test: ["CMD", "python", "-m", "services.common.healthcheck", "127.0.0.1:50051"]
 
-With TLS on, pass the CA bundle (`--ca-file`, or `RFT_TLS_CA_FILE`) so the probe verifies the server.
+With TLS on, pass the CA bundle (`--ca-file`, or `RFT_TLS_CA_FILE`) so the probe verifies the server;
+with mutual TLS (`services.tls.client_auth`) also a client certificate and key (`--cert-file` and
+`--key-file`, or `RFT_TLS_CLIENT_CERT_FILE`/`RFT_TLS_CLIENT_KEY_FILE`, else the service's own
+`RFT_TLS_CERT_FILE`/`RFT_TLS_KEY_FILE`). A probe that fails because of TLS says why
+(`services.common.tls.handshake_problem`: a refused or untrusted certificate, TLS on one side only).
 """
 
 from __future__ import annotations
@@ -23,15 +27,29 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.common.tls import handshake_problem
+
 SERVING = health_pb2.HealthCheckResponse.SERVING
 
 
-def check(target: str, service: str = "", timeout_s: float = 3.0, ca_file: str | None = None) -> str:
-    """The health status name of `service` ("" = the whole server) at `target`, e.g. "SERVING".
+def check(
+    target: str,
+    service: str = "",
+    timeout_s: float = 3.0,
+    ca_file: str | None = None,
+    cert_file: str | None = None,
+    key_file: str | None = None,
+) -> str:
+    """The health status name of `service` ("" = the whole server) at `target`, e.g. "SERVING". TLS when
+    `ca_file` or a client certificate (`cert_file` + `key_file`) is given.
 
     Raises grpc.RpcError when the server cannot be reached or does not know `service`."""
-    if ca_file:
-        creds = grpc.ssl_channel_credentials(root_certificates=Path(ca_file).read_bytes())
+    if ca_file or cert_file:
+        creds = grpc.ssl_channel_credentials(
+            root_certificates=Path(ca_file).read_bytes() if ca_file else None,
+            private_key=Path(key_file).read_bytes() if cert_file and key_file else None,
+            certificate_chain=Path(cert_file).read_bytes() if cert_file and key_file else None,
+        )
         channel = grpc.secure_channel(target, creds)
     else:
         channel = grpc.insecure_channel(target)
@@ -54,11 +72,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=os.environ.get("RFT_TLS_CA_FILE") or None,
         help="CA bundle to verify a TLS server (default: RFT_TLS_CA_FILE; plaintext when unset)",
     )
+    env = os.environ
+    parser.add_argument(
+        "--cert-file",
+        default=env.get("RFT_TLS_CLIENT_CERT_FILE") or env.get("RFT_TLS_CERT_FILE") or None,
+        help="client certificate for mutual TLS (default: RFT_TLS_CLIENT_CERT_FILE, else RFT_TLS_CERT_FILE)",
+    )
+    parser.add_argument(
+        "--key-file",
+        default=env.get("RFT_TLS_CLIENT_KEY_FILE") or env.get("RFT_TLS_KEY_FILE") or None,
+        help="its private key (default: RFT_TLS_CLIENT_KEY_FILE, else RFT_TLS_KEY_FILE)",
+    )
     args = parser.parse_args(argv)
+    if bool(args.cert_file) != bool(args.key_file):
+        parser.error("--cert-file and --key-file go together: a client certificate needs its key")
+    files = {"ca_file": args.ca_file, "cert_file": args.cert_file, "key_file": args.key_file}
     try:
-        status = check(args.target, args.service, args.timeout, args.ca_file)
+        status = check(args.target, args.service, args.timeout, **files)
     except grpc.RpcError as exc:
-        print(f"{args.target}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        why = ""
+        if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            names = {"ca": "--ca-file", "cert": "--cert-file and --key-file"}
+            tls = bool(args.ca_file or args.cert_file)
+            problem = handshake_problem(args.target, tls=tls, timeout_s=args.timeout, names=names, **files)
+            why = f"; TLS: {problem}" if problem else ""
+        print(f"{args.target}: {exc.code().name}: {exc.details()}{why}", file=sys.stderr)
         return 1
     except OSError as exc:  # unreadable CA file
         print(f"{args.target}: {exc}", file=sys.stderr)

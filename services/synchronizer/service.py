@@ -12,6 +12,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
+from services.common import liveness
 from services.common.config import RFTConfig, resolve
 from services.common.rpc.server import Registration
 from services.synchronizer.core import SynchronizerCore
@@ -44,6 +45,7 @@ async def build(config: RFTConfig) -> tuple[Sequence[Registration], Callable[[],
     events = EventLog(resolve(config).job_dir / "synchronizer" / "events.jsonl")
     core = build_core(config, on_event=events)
     await core.start()
+    liveness.track("model version", lambda: core.published.version)
 
     async def close() -> None:
         await core.close()

@@ -1,5 +1,6 @@
 """Chaos campaigns: a real `rft run` on a real redis-server whose services are SIGKILLed at seeded
-random moments, then audited through the lineage (`launcher.audit`).
+random moments (or SIGSTOPped and never resumed: a hang, `Kill.sig`), then audited through the lineage
+(`launcher.audit`).
 
 `rft run` restarts a killed service in place (`services.max_restarts`), so one run survives every
 kill of a campaign; the audit then counts produced / trained once / trained twice / lost. A kill
@@ -52,7 +53,7 @@ def chaos_tree(
 
 
 def service_pids(config: Path, service: str) -> list[int]:
-    """Pids of the running `python -m services.<service> --config <config>` processes."""
+    """Pids of the running (not stopped) `python -m services.<service> --config <config>` processes."""
     want = [f"services.{service}", str(config)]
     pids = []
     for entry in Path("/proc").iterdir():
@@ -64,7 +65,7 @@ def service_pids(config: Path, service: str) -> list[int]:
         except OSError:
             continue
         args = [a.decode(errors="replace") for a in argv]
-        if state != "Z" and all(w in args for w in want):
+        if state not in ("Z", "T") and all(w in args for w in want):
             pids.append(int(entry.name))
     return pids
 
@@ -80,6 +81,8 @@ class Kill:
     delay_s: float  # the random part of the moment
     pid: int = 0
     resume_s: float | None = None  # kill -> the next trainer step line
+    # SIGKILL, or SIGSTOP: a hang (never resumed; `rft run` must find it and kill it)
+    sig: int = signal.SIGKILL
 
 
 @dataclass
@@ -188,7 +191,7 @@ def _kill_when_due(
     at = time.time()
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, kill.sig)
     return lines, at
 
 

@@ -30,6 +30,8 @@ ENV_OVERRIDES: dict[str, tuple[str, ...]] = {
     "RFT_TLS_CERT_FILE": ("services", "tls", "cert_file"),
     "RFT_TLS_KEY_FILE": ("services", "tls", "key_file"),
     "RFT_TLS_CA_FILE": ("services", "tls", "ca_file"),
+    "RFT_TLS_CLIENT_CERT_FILE": ("services", "tls", "client_cert_file"),
+    "RFT_TLS_CLIENT_KEY_FILE": ("services", "tls", "client_key_file"),
 }
 for _svc in SERVICE_NAMES:
     for _key in ("host", "port", "address", "metrics_port"):

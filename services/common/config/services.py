@@ -5,12 +5,13 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from services.common.config.base import Section
 
 SERVICE_NAMES = ("buffer", "explorer", "trainer", "synchronizer")
 MAX_CONSUMER_GROUPS = 16
+MIN_LIVENESS_TIMEOUT_S = 3.0
 CONSUMER_GROUP_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
@@ -30,15 +31,60 @@ class Endpoint(Section):
 
 
 class TLSConfig(Section):
-    """Server certificate and key; `ca_file` also makes clients verify the server."""
+    """TLS for every service of the run (one section: each service is a server and a client of the others).
+
+    `cert_file` + `key_file` turn TLS on: every server serves them and every client dials TLS, verifying
+    the server with `ca_file` (gRPC's default roots when unset). `client_auth: true` is mutual TLS: the
+    servers also require a client certificate signed by `ca_file`, which the clients present:
+    `client_cert_file` + `client_key_file`, or else `cert_file` + `key_file` (a certificate made for
+    both ends: extended key usage serverAuth and clientAuth, or none). With only `ca_file` (no server
+    files) the servers stay plaintext and the clients dial TLS: a client of a TLS deployment elsewhere.
+    """
 
     cert_file: str | None = None
     key_file: str | None = None
     ca_file: str | None = None
+    client_auth: bool = False
+    client_cert_file: str | None = None
+    client_key_file: str | None = None
+
+    @model_validator(mode="after")
+    def _complete(self) -> TLSConfig:
+        for cert, key in (("cert_file", "key_file"), ("client_cert_file", "client_key_file")):
+            have = [name for name in (cert, key) if getattr(self, name)]
+            if len(have) == 1:
+                missing = key if have[0] == cert else cert
+                raise ValueError(
+                    f"{have[0]} is set but {missing} is not: a certificate needs "
+                    f"its private key; set both (or neither)"
+                )
+        if self.client_auth and not (self.ca_file and self.enabled):
+            missing = (
+                "ca_file (the CA that signs the client certificates)"
+                if not self.ca_file
+                else "cert_file and key_file (the servers' certificate: mutual TLS is TLS first)"
+            )
+            raise ValueError(f"client_auth: true needs {missing}; set it, or client_auth: false")
+        return self
 
     @property
     def enabled(self) -> bool:
+        """Whether the servers serve TLS."""
         return bool(self.cert_file and self.key_file)
+
+    @property
+    def client_tls(self) -> bool:
+        """Whether clients dial TLS."""
+        return self.enabled or bool(self.ca_file)
+
+    @property
+    def client_identity(self) -> tuple[str, str] | None:
+        """(certificate, key) the clients present when a server asks for one."""
+        if self.client_cert_file and self.client_key_file:
+            return self.client_cert_file, self.client_key_file
+        if self.cert_file and self.key_file:
+            return self.cert_file, self.key_file
+        return None
 
 
 class BufferEndpoint(Endpoint):
@@ -90,3 +136,18 @@ class ServicesConfig(Section):
     max_message_bytes: int = Field(64 << 20, ge=4 << 20)
     # `rft run`: how often each process of a stage is restarted after it fails before the run fails.
     max_restarts: int = Field(3, ge=0)
+    # `rft run`: seconds a ready service may go without answering its liveness check (rft.v1.Liveness,
+    # answered by its event loop) before it is declared hung, SIGKILLed and restarted like a crashed one
+    # (it counts against `max_restarts`). Not asked before a service is first ready (a long model load
+    # or vLLM start is `rft run`'s ready timeout's), nor while a restarted one gets ready. 0 = off.
+    liveness_timeout: float = Field(120.0, ge=0)
+
+    @field_validator("liveness_timeout")
+    @classmethod
+    def _liveness_window(cls, value: float) -> float:
+        if 0 < value < MIN_LIVENESS_TIMEOUT_S:
+            raise ValueError(
+                f"{value} is too short to tell a hung service from a busy one: 0 (off) or at least "
+                f"{MIN_LIVENESS_TIMEOUT_S:g} seconds"
+            )
+        return value

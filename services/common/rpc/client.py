@@ -1,20 +1,30 @@
 """One factory for client channels: 64 MiB messages, wait_for_ready, a default deadline, retries on UNAVAILABLE,
-optional TLS and bearer token.
+optional TLS (with a client certificate for mutual TLS) and bearer token.
 
 gRPC's retry policy re-sends a call whose server went away before answering, and the server may already
 have done the work: only idempotent methods get it. The methods in `NOT_RETRIED` change state on every
 call (a lease, a store without a sequence number, a step); a lost reply surfaces to their caller, which
-knows how to recover (a fenced buffer consumer opens again and gets the lost lease back)."""
+knows how to recover (a fenced buffer consumer opens again and gets the lost lease back).
+
+When a unary call fails because the connection never came up (UNAVAILABLE or DEADLINE_EXCEEDED while
+the channel's connection attempts fail: TRANSIENT_FAILURE), `TLSDiagnosis` asks
+`services.common.tls.handshake_problem` whether TLS is the cause (a refused or untrusted certificate,
+TLS on one side only) and, if so, raises UNAUTHENTICATED with the reason instead: gRPC itself reports
+these as `Socket closed` or a bare deadline, and a transport error would be retried for minutes where
+only the configuration can help. Every client's first call is unary, so streaming calls need no such
+diagnosis."""
 
 from __future__ import annotations
 
+import asyncio
 import json
-from pathlib import Path
+from typing import Any
 
 import grpc
 
 from services.common.config.services import TLSConfig
 from services.common.rpc.auth import client_token_interceptors
+from services.common.tls import handshake_problem, read_tls_file
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
 
@@ -60,6 +70,69 @@ def channel_options(max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[
     ]
 
 
+def channel_credentials(tls: TLSConfig) -> grpc.ChannelCredentials:
+    """TLS credentials of a client: the CA bundle that verifies servers (gRPC's default roots when
+    `ca_file` is unset) and the client certificate presented when a server asks for one."""
+    roots = read_tls_file(tls.ca_file, "services.tls.ca_file") if tls.ca_file else None
+    identity = tls.client_identity
+    if identity is None:
+        return grpc.ssl_channel_credentials(root_certificates=roots)
+    cert_setting = "client_cert_file" if tls.client_cert_file else "cert_file"
+    key_setting = "client_key_file" if tls.client_key_file else "key_file"
+    return grpc.ssl_channel_credentials(
+        root_certificates=roots,
+        private_key=read_tls_file(identity[1], f"services.tls.{key_setting}"),
+        certificate_chain=read_tls_file(identity[0], f"services.tls.{cert_setting}"),
+    )
+
+
+class TLSDiagnosis(grpc.aio.UnaryUnaryClientInterceptor):
+    """Turns a unary call that failed to connect because of TLS into UNAUTHENTICATED naming the reason."""
+
+    CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+    def __init__(self, target: str, tls: TLSConfig | None):
+        self.target, self.tls = target, tls
+        self.channel: grpc.aio.Channel | None = None  # set once the channel exists
+
+    def _failing(self) -> bool:
+        """Whether the channel's connection attempts fail (a hung or busy server is not a TLS problem)."""
+        return self.channel is not None and (
+            self.channel.get_state(try_to_connect=False) == grpc.ChannelConnectivity.TRANSIENT_FAILURE
+        )
+
+    async def problem(self) -> str | None:
+        """Why TLS keeps this client from the server, or None."""
+        tls = self.tls
+        identity = tls.client_identity if tls is not None else None
+        return await asyncio.to_thread(
+            handshake_problem,
+            self.target,
+            tls=tls is not None and tls.client_tls,
+            ca_file=tls.ca_file if tls is not None else None,
+            cert_file=identity[0] if identity else None,
+            key_file=identity[1] if identity else None,
+        )
+
+    async def intercept_unary_unary(self, continuation, client_call_details, request):  # type: ignore[override]
+        call = await continuation(client_call_details, request)
+        try:
+            return await call
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() not in self.CODES or not self._failing():
+                raise
+            problem = await self.problem()
+            if problem is None:
+                raise
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.UNAUTHENTICATED,
+                exc.initial_metadata(),
+                exc.trailing_metadata(),
+                details=f"TLS: {problem} ({exc.code().name}: {exc.details()})",
+                debug_error_string=exc.debug_error_string(),
+            ) from None
+
+
 def create_channel(
     target: str,
     *,
@@ -69,14 +142,22 @@ def create_channel(
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     retries: int = 5,
 ) -> grpc.aio.Channel:
-    """An asyncio channel to `target` (host:port). Calls inherit the default deadline `timeout_s` unless
-    they pass their own `timeout=`."""
+    """An asyncio channel to `target` (host:port): TLS when `tls.client_tls`, else plaintext. Calls
+    inherit the default deadline `timeout_s` unless they pass their own `timeout=`. Raises
+    `TLSFileError` (naming the setting) when a TLS file cannot be read."""
     options = channel_options(max_message_bytes) + [
         ("grpc.enable_retries", 1),
         ("grpc.service_config", default_service_config(timeout_s, retries)),
     ]
-    interceptors = client_token_interceptors(auth_token) if auth_token else None
-    if tls is not None and tls.ca_file:
-        creds = grpc.ssl_channel_credentials(root_certificates=Path(tls.ca_file).read_bytes())
-        return grpc.aio.secure_channel(target, creds, options=options, interceptors=interceptors)
-    return grpc.aio.insecure_channel(target, options=options, interceptors=interceptors)
+    diagnosis = TLSDiagnosis(target, tls)
+    interceptors: list[Any] = [diagnosis]
+    if auth_token:
+        interceptors += client_token_interceptors(auth_token)
+    if tls is not None and tls.client_tls:
+        channel = grpc.aio.secure_channel(
+            target, channel_credentials(tls), options=options, interceptors=interceptors
+        )
+    else:
+        channel = grpc.aio.insecure_channel(target, options=options, interceptors=interceptors)
+    diagnosis.channel = channel
+    return channel

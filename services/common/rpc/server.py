@@ -1,5 +1,6 @@
 """One builder for every service's `grpc.aio` server: health service, reflection, 64 MiB messages,
-optional bearer token and TLS, and a graceful stop on SIGTERM/SIGINT.
+optional bearer token and TLS (mutual with `services.tls.client_auth`), and a graceful stop on
+SIGTERM/SIGINT.
 
 Interceptors run in this order: the bearer token first (a refused call's body is never parsed), then
 `DecodeErrorInterceptor` (undecodable request bytes, and a string or list over its bound ->
@@ -16,7 +17,6 @@ import signal
 import socket
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -27,6 +27,7 @@ from services.common.config.services import TLSConfig
 from services.common.rpc.auth import BearerTokenServerInterceptor
 from services.common.rpc.client import DEFAULT_MAX_MESSAGE_BYTES, channel_options
 from services.common.rpc.decode import DecodeErrorInterceptor
+from services.common.tls import TLSFileError, read_tls_file
 
 # (add_XServicer_to_server function, servicer instance, full service name e.g. "rft.v1.BufferService")
 Registration = tuple[Callable[[Any, grpc.aio.Server], None], Any, str]
@@ -79,10 +80,22 @@ def _bind_error(host: str, port: int) -> BindError:
     return BindError(0, f"could not bind gRPC server to {host}:{port}")
 
 
+class TLSSetupError(BindError):
+    """The server's TLS files cannot be read: a startup error naming the setting and the path."""
+
+
 def _server_credentials(tls: TLSConfig) -> grpc.ServerCredentials:
-    key = Path(tls.key_file).read_bytes()  # type: ignore[arg-type]
-    cert = Path(tls.cert_file).read_bytes()  # type: ignore[arg-type]
-    return grpc.ssl_server_credentials([(key, cert)])
+    """The server's certificate and key; with `client_auth`, client certificates signed by `ca_file`
+    are required (a client without one, or with one that does not verify, is refused in the handshake)."""
+    try:
+        cert = read_tls_file(tls.cert_file, "services.tls.cert_file")  # type: ignore[arg-type]
+        key = read_tls_file(tls.key_file, "services.tls.key_file")  # type: ignore[arg-type]
+        roots = read_tls_file(tls.ca_file, "services.tls.ca_file") if tls.client_auth else None  # type: ignore[arg-type]
+    except TLSFileError as exc:
+        raise TLSSetupError(exc.errno or 0, exc.strerror or str(exc)) from None
+    return grpc.ssl_server_credentials(
+        [(key, cert)], root_certificates=roots, require_client_auth=tls.client_auth
+    )
 
 
 async def start_server(
@@ -96,7 +109,8 @@ async def start_server(
 ) -> ServerHandle:
     """Build and start a server with the given servicers, health and reflection; port 0 picks a free port.
 
-    Raises `PortInUseError` ("port N on HOST is in use") when another process holds the port."""
+    Raises `PortInUseError` ("port N on HOST is in use") when another process holds the port, and
+    `TLSSetupError` (naming the setting) when a TLS file cannot be read."""
     interceptors: list[grpc.aio.ServerInterceptor] = []
     if auth_token:
         interceptors.append(BearerTokenServerInterceptor(auth_token))
@@ -113,9 +127,10 @@ async def start_server(
         [*names, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME], server
     )
     bind = f"{host}:{port}"
+    credentials = _server_credentials(tls) if tls is not None and tls.enabled else None
     try:
-        if tls is not None and tls.enabled:
-            bound = server.add_secure_port(bind, _server_credentials(tls))
+        if credentials is not None:
+            bound = server.add_secure_port(bind, credentials)
         else:
             bound = server.add_insecure_port(bind)
     except RuntimeError:  # grpc: "Failed to bind to address ..."; the reason is only in its log

@@ -58,7 +58,7 @@ def _listen_port(service: dict[str, Any], name: str) -> int:
 
 
 def test_every_service_of_the_stack_is_there(raw):
-    assert set(raw["services"]) == {"redis", "prepare", *RFT_SERVICES}
+    assert set(raw["services"]) == {"redis", "prepare", "autoheal", *RFT_SERVICES}
     assert set(raw["volumes"]) >= {"redis-data", "rft-data"}
 
 
@@ -178,7 +178,39 @@ def test_the_run_ends_by_itself_and_stays_ended(compose):
     assert policies == {
         "redis": "unless-stopped", "prepare": "no", "synchronizer": "unless-stopped",
         "buffer": "unless-stopped", "trainer": "on-failure", "explorer": "on-failure",
+        "autoheal": "unless-stopped",
     }  # fmt: skip
+
+
+def test_a_hung_service_is_restarted_by_autoheal(compose, raw):
+    """Compose restarts on exits only: a stopped or wedged service (its gRPC health check unanswered)
+    turns unhealthy after about two minutes, and `autoheal` restarts the labelled containers of its own
+    project through the Docker socket, with a short grace (a stopped process never acts on SIGTERM)."""
+    services = compose["services"]
+    for name in RFT_SERVICES:
+        health = services[name]["healthcheck"]
+        assert services[name]["labels"] == {"rft.autoheal": "true"}, name
+        window = health["retries"] * _seconds(health["interval"])
+        assert 100 <= window <= 180, (name, window)  # `services.liveness_timeout`'s 120 s, give or take
+        assert _seconds(health["timeout"]) < _seconds(health["interval"]), name
+    assert "labels" not in services["redis"] and "labels" not in services["prepare"]
+    autoheal = services["autoheal"]
+    argv = autoheal["command"]
+    assert argv[:3] == ["python", "-m", "launcher.autoheal"]
+    assert int(argv[argv.index("--grace") + 1]) <= 30
+    assert (ROOT / "launcher" / "autoheal.py").is_file()
+    assert autoheal["volumes"] == ["/var/run/docker.sock:/var/run/docker.sock"]
+    assert raw["services"]["autoheal"]["volumes"] == [
+        "${DOCKER_SOCKET:-/var/run/docker.sock}:/var/run/docker.sock"
+    ]
+    assert autoheal["user"] == "root" and autoheal["image"] == services["trainer"]["image"]
+    assert "autoheal" in (DEPLOY / "README.md").read_text()
+
+
+def _seconds(duration: str) -> float:
+    match = re.fullmatch(r"(\d+)(s|m)", duration)
+    assert match, duration
+    return int(match.group(1)) * (60 if match.group(2) == "m" else 1)
 
 
 def test_the_offline_build_stages_what_the_dockerfile_copies():

@@ -161,8 +161,11 @@ def test_images_restart_policies_and_dependencies_are_the_base_ones(merged):
     assert policies == {
         "redis": "unless-stopped", "prepare": "no", "synchronizer": "unless-stopped",
         "buffer": "unless-stopped", "trainer": "on-failure", "explorer": "on-failure",
+        "autoheal": "unless-stopped",
     }  # fmt: skip
     assert {merged[n]["image"] for n in ("prepare", *RFT_SERVICES)} == {env_example()["RFT_IMAGE"]}
+    # the serving explorer keeps the base's label: `autoheal` restarts it when its probe keeps failing
+    assert merged["explorer"]["labels"] == {"rft.autoheal": "true"}
     assert merged["explorer"]["depends_on"]["prepare"] == {"condition": "service_completed_successfully"}
     for name in ("synchronizer", "buffer", "trainer"):
         assert "services.common.healthcheck" in merged[name]["healthcheck"]["test"], name

@@ -244,7 +244,7 @@ def test_the_trainer_ranks_come_from_trainer_nproc(objects):
     ranks by itself (tests/unit/trainer/test_trainer_main.py); the pod needs no torchrun line."""
     assert _container(objects, "trainer")["command"] == ["python", "-m", "services.trainer"]
     main = (ROOT / "services" / "trainer" / "__main__.py").read_text()
-    assert "torchrun_command(_ranks_wanted(argv), argv)" in main
+    assert "nproc, nnodes = _trainer_shape(argv)" in main and "torchrun_command(nproc, argv, place)" in main
 
 
 def test_redis_keeps_an_fsynced_append_only_file_on_a_volume(objects):
@@ -301,6 +301,25 @@ def _all_pods(objects):
     for (kind, name), obj in objects.items():
         if kind in ("Deployment", "StatefulSet", "Job"):
             yield name, obj["spec"]["template"]["spec"]
+
+
+def test_a_hung_service_fails_its_liveness_probe_and_is_killed_at_once(objects):
+    """The gRPC liveness probe is answered by the service's event loop: a stopped or wedged process fails
+    it. After the window `rft run` uses (`services.liveness_timeout`, 120 s) the kubelet restarts the
+    container, with a probe-level grace of seconds, not the pod's (a stopped process never acts on
+    SIGTERM; the trainer's 180 s are for a graceful stop's checkpoint)."""
+    default = load_config(K8S / "run.yaml", environ={}).services.liveness_timeout
+    for name in RFT_SERVICES:
+        pod = _pod(objects, name)
+        container = pod["containers"][0]
+        probe = container["livenessProbe"]
+        assert probe["grpc"]["port"] == container["readinessProbe"]["grpc"]["port"], name
+        window = probe["periodSeconds"] * probe["failureThreshold"]
+        assert window == default, (name, window)
+        assert probe["timeoutSeconds"] < probe["periodSeconds"], name
+        assert probe["terminationGracePeriodSeconds"] <= 15, name
+        assert probe["terminationGracePeriodSeconds"] < pod["terminationGracePeriodSeconds"], name
+        assert "startupProbe" in container, f"{name}: a long model load is the startup probe's to judge"
 
 
 def test_pods_run_as_the_images_non_root_user(objects):

@@ -1,0 +1,145 @@
+"""Hung services in the compose stack on a real Docker engine: deploy/docker-compose.yml brought up as a
+user would, with an override that only shortens the healthcheck window and `autoheal`'s period (the
+shipped ones give two minutes), then the trainer, the buffer, one explorer and the synchronizer are each
+SIGSTOPped from the host in turn and never resumed:
+
+1. each turns `unhealthy` (its gRPC health check unanswered), `autoheal` restarts that container (a new
+   process in the same container, not a restart policy: none acts on health), and the run goes on;
+2. no other container is restarted: the services waiting on the stopped one keep answering;
+3. the run ends by itself at `total_steps` and `rft audit` finds 0 lost, 0 trained twice;
+4. `down -v` leaves no container, network or volume of the project.
+
+What it saw is written to ~/.cache/rft-deploy/last-hung.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.support.compose_stack import DEPLOY, Stack, free_ports, wait_for
+from tests.support.docker_engine import CACHE, Engine
+
+pytestmark = [pytest.mark.deploy, pytest.mark.slow]
+
+JOB = "/data/checkpoints/rft-mesh/compose"
+TOKEN = "deploy-hung-token"
+TOTAL_STEPS = 200
+ORDER = ("trainer", "buffer", "explorer", "synchronizer")
+# the shipped window, shortened: unhealthy after 4 failed checks 2 s apart; autoheal looks every 2 s
+OVERRIDE = {
+    "services": {
+        **{
+            name: {"healthcheck": {"interval": "2s", "timeout": "2s", "retries": 4, "start_period": "60s"}}
+            for name in ORDER
+        },
+        "autoheal": {"command": ["python", "-m", "launcher.autoheal", "--interval", "2", "--grace", "5"]},
+    }
+}
+
+
+def _stack(engine: Engine, images: dict[str, str], tmp: Path) -> Stack:
+    config = yaml.safe_load((DEPLOY / "config" / "run.yaml").read_text())
+    config["trainer"].update(total_steps=TOTAL_STEPS, save_interval=10)
+    (tmp / "run.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    (tmp / "hung.yml").write_text(yaml.safe_dump(OVERRIDE, sort_keys=False))
+    names = ("BUFFER_PORT", "EXPLORER_PORT", "TRAINER_PORT", "SYNCHRONIZER_PORT")
+    env = {
+        "RFT_AUTH_TOKEN": TOKEN,
+        **{k: str(v) for k, v in zip(names, free_ports(4), strict=True)},
+        "PUBLISH_HOST": "127.0.0.1",
+        "RFT_IMAGE": images["RFT_IMAGE"],
+        "REDIS_IMAGE": images["REDIS_IMAGE"],
+        "RFT_RUN_CONFIG": str(tmp / "run.yaml"),
+        "OMP_NUM_THREADS": "1",
+    }
+    env_file = tmp / "stack.env"
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in env.items()))
+    # an absolute override path: `DEPLOY / name` keeps it as it is
+    return Stack(
+        engine, "rftdeploytesthung", env_file, env, files=("docker-compose.yml", str(tmp / "hung.yml"))
+    )
+
+
+@pytest.mark.timeout(900)
+def test_compose_stack_restarts_each_stopped_service_and_completes(engine, images, tmp_path):
+    stack = _stack(engine, images, tmp_path)
+    seen = stack.seen
+    seen.update(image_build_s=float(images["build_s"]), total_steps=TOTAL_STEPS)
+    start = time.monotonic()
+    stack.compose("down", "-v", "--remove-orphans")
+    try:
+        _run(stack, seen)
+    except BaseException:
+        stack.dump_logs(CACHE / "failed-hung")
+        raise
+    finally:
+        stack.compose("down", "-v", "--remove-orphans")
+    left = stack.leftovers()
+    seen["wall_s"] = round(time.monotonic() - start)
+    (CACHE / "last-hung.json").write_text(json.dumps(seen, indent=1))
+    assert not left, f"`down -v` left {left}"
+
+
+def _started(stack: Stack, cid: str) -> tuple[str, int]:
+    state = stack.inspect(cid)["State"]
+    return state["StartedAt"], state["Pid"]
+
+
+def _run(stack: Stack, seen: dict[str, Any]) -> None:
+    t0 = time.monotonic()
+    stack.compose("up", "-d", "--scale", "explorer=2")
+    wait_for("3 trainer steps", lambda: stack.max_step() >= 3, 300, stack.describe)
+    seen["first_steps_s"] = round(time.monotonic() - t0)
+    watched = [c for c in stack.containers() if stack.inspect(c)["Config"]["Labels"].get("rft.autoheal")]
+    before = {cid: _started(stack, cid) for cid in watched}
+    paused: list[str] = []
+    for service in ORDER:
+        step = stack.max_step()
+        assert step < TOTAL_STEPS - 20, (
+            f"the run is nearly over before {service} was stopped: raise TOTAL_STEPS"
+        )
+        cid = stack.containers(service)[0]
+        started, pid = _started(stack, cid)
+        assert pid > 0, f"{service} is not running"
+        at = time.monotonic()
+        os.kill(pid, signal.SIGSTOP)  # a hang: never resumed
+        paused.append(cid)
+        wait_for(f"{service} restarted by autoheal after SIGSTOP",
+                 lambda c=cid, s=started: _started(stack, c)[0] != s and stack.inspect(c)["State"]["Running"],
+                 180, stack.describe)  # fmt: skip
+        seen[f"{service}_restarted_after_s"] = round(time.monotonic() - at, 1)
+        wait_for(f"trainer steps past {step + 3} after {service} was stopped",
+                 lambda s=step: stack.max_step() > s + 3, 300, stack.describe)  # fmt: skip
+        seen[f"{service}_stopped_at_step"] = step
+
+    wait_for("the trainer to finish", lambda: stack.state("trainer")[0] == "exited", 600, stack.describe)
+    status, code, _ = stack.state("trainer")
+    assert (status, code) == ("exited", 0), stack.describe()
+    for cid in watched:  # only the stopped ones were restarted, and no restart policy had to act
+        info = stack.inspect(cid)
+        assert info["RestartCount"] == 0, (info["Name"], stack.describe())
+        if cid not in paused and info["State"]["Running"]:
+            assert _started(stack, cid)[0] == before[cid][0], f"{info['Name']} was restarted"
+    heals = stack.logs(stack.one("autoheal"))
+    seen["autoheal_restarts"] = heals.count("is unhealthy")
+    assert heals.count("is unhealthy") == len(ORDER), heals
+    audit = subprocess.run(
+        ["docker", "exec", stack.one("synchronizer"), "rft", "audit", JOB, "--redis-url", "redis://redis:6379/0",
+         "--json"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    report = json.loads(audit.stdout)
+    seen["audit"] = report
+    assert report["steps"] == TOTAL_STEPS, report
+    assert (report["trained_twice"], report["lost"], report["unknown"]) == (0, 0, 0), report
+    assert audit.returncode == 0, audit.stderr
+    seen["run_s"] = round(time.monotonic() - t0)
