@@ -5,9 +5,10 @@ Checks, per experience i (R = response length = len(tokens) - prompt_length):
   size is the model's (`Limits.vocab_size`, read from the model folder's config.json at buffer start);
   a batch's own `vocab_size` may narrow it, never widen it; with neither, ids are only checked >= 0;
 - 0 <= `prompt_length` < len(tokens) (at least one response token);
-- `logprobs`, `action_mask`, `token_level_rewards`, `advantages`, `returns`, `teacher_logprobs` are
-  empty or of length R;
-- `reward`, `reward_baseline` and every float array finite; `model_version` and `use_count` >= 0;
+- `logprobs`, `action_mask`, `token_level_rewards`, `advantages`, `returns`, `teacher_logprobs`,
+  `token_model_versions` are empty or of length R;
+- `reward`, `reward_baseline` and every float array finite; `model_version`, `use_count` and every
+  `token_model_versions` entry >= 0;
 and per batch: at most `max_batch_experiences` experiences and `max_batch_bytes` serialized bytes.
 
 No tensors are built. A well-formed batch, the common case, passes on a fast path: from the bytes as
@@ -37,6 +38,7 @@ RESPONSE_ARRAYS = (
     "advantages",
     "returns",
     "teacher_logprobs",
+    "token_model_versions",
 )
 FLOAT_ARRAYS = ("logprobs", "token_level_rewards", "advantages", "returns", "teacher_logprobs")
 
@@ -72,6 +74,12 @@ def _check_ids(values: Sequence[int], vocab_size: int, where: str) -> None:
         raise ValidationError(f"{where}[{i}]", f"token id {values[i]} >= vocab_size {vocab_size}")
 
 
+def _check_versions(values: Sequence[int], where: str) -> None:
+    if values and min(values) < 0:
+        i = next(i for i, v in enumerate(values) if v < 0)
+        raise ValidationError(f"{where}[{i}]", f"model version {values[i]} < 0")
+
+
 def validate_experience(exp: experience_pb2.Experience, index: int, vocab_size: int) -> None:
     where = f"experiences[{index}]"
     tokens = exp.tokens
@@ -101,6 +109,7 @@ def validate_experience(exp: experience_pb2.Experience, index: int, vocab_size: 
         raise ValidationError(f"{where}.model_version", f"{exp.model_version} < 0")
     if exp.use_count < 0:
         raise ValidationError(f"{where}.use_count", f"{exp.use_count} < 0")
+    _check_versions(exp.token_model_versions, f"{where}.token_model_versions")
     if exp.rejected_tokens:
         _check_ids(exp.rejected_tokens, vocab_size, f"{where}.rejected_tokens")
         if not 0 <= exp.rejected_prompt_length < len(exp.rejected_tokens):
@@ -132,6 +141,9 @@ def _batch_ok(experiences: Sequence[experience_pb2.Experience], vocab_size: int)
         for scalar in ("reward", "reward_baseline"):
             if exp.HasField(scalar) and not math.isfinite(getattr(exp, scalar)):
                 return False
+        versions = exp.token_model_versions
+        if versions and min(versions) < 0:
+            return False
         token_arrays.append(np.array(tokens, dtype=np.int64))
         rejected = exp.rejected_tokens
         if rejected:

@@ -30,10 +30,11 @@ REWARD, REWARD_BASELINE = 6, 20
 DOUBLES = frozenset((REWARD, REWARD_BASELINE))
 FLOAT_ARRAYS = frozenset((4, 7, 14, 15, 16))  # logprobs, token_level_rewards, advantages, returns, teacher
 ACTION_MASK = 5
+TOKEN_MODEL_VERSIONS = 21  # packed int64: checked for length, and >= 0 by being short (see _scan)
 SKIPPED_BYTES = frozenset((1, 10, 11, 12, 13))  # eid, metrics, info, prompt_text, response_text
 # truncated, and the int scalars checked >= 0 (also the two prompt lengths, kept for the length checks)
 VARINTS = frozenset((8, PROMPT_LENGTH, MODEL_VERSION, USE_COUNT, REJECTED_PROMPT_LENGTH))
-ONCE = FLOAT_ARRAYS | {TOKENS, ACTION_MASK, REJECTED_TOKENS}
+ONCE = FLOAT_ARRAYS | {TOKENS, ACTION_MASK, REJECTED_TOKENS, TOKEN_MODEL_VERSIONS}
 
 _CONTINUATION = bytes(range(0x80, 0x100))
 _DOUBLE = struct.Struct("<d")
@@ -80,6 +81,11 @@ def _scan(data: bytes, token_parts: list[bytes], float_parts: list[bytes]) -> bo
             if number == TOKENS:
                 tokens = value
             elif number == ACTION_MASK:
+                lengths.append(_count(value))
+            elif number == TOKEN_MODEL_VERSIONS:
+                # a negative int64 is a 10-byte varint: versions below 2^28 (4 bytes) are sure >= 0
+                if not _ids_below(value, 0):
+                    return False
                 lengths.append(_count(value))
             elif number == REJECTED_TOKENS:
                 rejected = value

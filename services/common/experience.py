@@ -2,7 +2,7 @@
 
 An Experience is one sampled sequence (prompt + response) with what the trainer needs: the rollout
 log-probs, the action mask (multi-turn observations masked out), the reward and the model version
-that produced it. It mirrors the proto field by field; arrays are torch tensors with fixed dtypes
+that produced it (per token too, `token_model_versions`, when weights changed mid-response). It mirrors the proto field by field; arrays are torch tensors with fixed dtypes
 (tokens int64, masks bool, float arrays float32) so a round trip through the proto is bit-exact.
 """
 
@@ -60,6 +60,8 @@ class Experience:
     rejected_tokens: torch.Tensor | None = None  # (P + R',) int64, DPO pairs only
     rejected_prompt_length: int = 0
     reward_baseline: float | None = None  # ReMax: reward of a greedy response to the same prompt
+    # (R,) int64: per response token, the weights' version that sampled it (None: all model_version)
+    token_model_versions: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         self.tokens = torch.as_tensor(self.tokens, dtype=torch.int64)
@@ -71,6 +73,8 @@ class Experience:
             self.action_mask = torch.as_tensor(self.action_mask, dtype=torch.bool)
         if self.rejected_tokens is not None:
             self.rejected_tokens = torch.as_tensor(self.rejected_tokens, dtype=torch.int64)
+        if self.token_model_versions is not None:
+            self.token_model_versions = torch.as_tensor(self.token_model_versions, dtype=torch.int64)
 
     @property
     def response_length(self) -> int:
@@ -87,6 +91,12 @@ class Experience:
     @property
     def group_id(self) -> str:
         return self.eid.group_id
+
+    def versions_per_token(self) -> torch.Tensor:
+        """(R,) int64: `token_model_versions`, or `model_version` for every response token."""
+        if self.token_model_versions is not None:
+            return self.token_model_versions
+        return torch.full((self.response_length,), self.model_version, dtype=torch.int64)
 
 
 _FLOAT_FIELDS = ("logprobs", "token_level_rewards", "advantages", "returns", "teacher_logprobs")
@@ -138,6 +148,8 @@ def to_proto(exp: Experience) -> experience_pb2.Experience:
         msg.action_mask.extend(exp.action_mask.tolist())
     if exp.rejected_tokens is not None:
         msg.rejected_tokens.extend(_int32_list(exp.rejected_tokens, "rejected_tokens"))
+    if exp.token_model_versions is not None:
+        msg.token_model_versions.extend(exp.token_model_versions.tolist())
     return msg
 
 
@@ -179,6 +191,9 @@ def from_proto(msg: experience_pb2.Experience) -> Experience:
         else None,
         rejected_prompt_length=msg.rejected_prompt_length,
         reward_baseline=msg.reward_baseline if msg.HasField("reward_baseline") else None,
+        token_model_versions=torch.tensor(list(msg.token_model_versions), dtype=torch.int64)
+        if len(msg.token_model_versions)
+        else None,
     )
 
 

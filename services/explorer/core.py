@@ -12,6 +12,8 @@ that goes into the batch ids, so experiences explored again never share an id wi
 Before each step the sync gate may hold it (the synchronizer's plan). Eval tasksets run every `explorer.eval_interval` steps and on startup.
 Every weight load is logged (`weights loaded`, with a SHA-256 of what the engines hold when
 `synchronizer.weight_digest` is on, to compare with the trainer's `weights sent`).
+With in-flight weight updates (`inflight`, an `InflightFollower`; inflight.py) new versions are also
+fetched while a step samples and land between decode steps; each step logs `rollout/inflight_*`.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from services.common.monitor import Monitor
 from services.common.weight_sync import weights_digest
 from services.explorer.engines.base import RolloutEngine
 from services.explorer.group_filter import fill_step
+from services.explorer.inflight import InflightFollower, inflight_metrics
 from services.explorer.metrics import eval_metrics, rollout_metrics
 from services.explorer.model_wrapper import ModelWrapper
 from services.explorer.runner import TaskResult, WorkflowRunner
@@ -91,6 +94,7 @@ class ExplorerCore:
         self.explorer_id = explorer_id
         self.auxiliary_models = list(auxiliary_models)
         self.gate = gate or NeverWait()
+        self.inflight: InflightFollower | None = None  # in-flight weight updates (inflight.py)
         self.monitor = monitor
         self.shard = shard
         self.tasks_per_step = tasks_per_step(settings, shard)
@@ -199,6 +203,8 @@ class ExplorerCore:
     async def stop(self) -> None:
         self._stopping = True
         self.status = "STOPPED"
+        if self.inflight is not None:
+            await self.inflight.stop()
 
     # ------------------------------------------------------------------ running tasks
     def _model(self) -> ModelWrapper:
@@ -257,6 +263,9 @@ class ExplorerCore:
             s.get("generate_seconds", 0.0) for s in stats
         )
 
+    def _inflight_updates(self) -> float:
+        return sum(e.stats().get("inflight_updates", 0.0) for e in self.engines)
+
     # ------------------------------------------------------------------ explore
     async def explore_step(self) -> StepResult | None:
         """One explore step; None when the data or `total_steps` is used up (or stop was asked)."""
@@ -269,12 +278,15 @@ class ExplorerCore:
             self.status = "WAITING_SYNC"
             await self.gate.before_step(step, self.model_version)
             self.status = "RUNNING"
+            if self.inflight is not None:
+                self.inflight.start()  # new versions land while this step samples
             t_wait = time.perf_counter() - t0
             tasks = self._scheduler.next_batch(self.tasks_per_step)
             if not tasks:
                 self.exhausted = True
                 return None
             tokens0, gen0 = self._engine_totals()
+            updates0 = self._inflight_updates()
             t1 = time.perf_counter()
             results = await asyncio.gather(*(self._run_task(t) for t in tasks))
             filter_metrics: dict[str, float] = {}
@@ -308,6 +320,8 @@ class ExplorerCore:
                 metrics["rollout/engine_tokens_per_s"] = (tokens1 - tokens0) / (gen1 - gen0)
             metrics["rollout/bad_rows"] = float(self._scheduler.bad_rows)
             metrics |= filter_metrics
+            if self.inflight is not None:
+                metrics |= inflight_metrics(experiences, self._inflight_updates() - updates0)
             metrics.update(
                 {
                     "time/wait_explore_step": t_wait,
@@ -347,11 +361,15 @@ class ExplorerCore:
         if self.step == 0 and self.settings.eval_on_startup and self._eval_sets and not self._evaluated:
             await self.eval()
         out: list[StepResult] = []
-        while steps <= 0 or len(out) < steps:
-            result = await self.explore_step()
-            if result is None:
-                break
-            out.append(result)
+        try:
+            while steps <= 0 or len(out) < steps:
+                result = await self.explore_step()
+                if result is None:
+                    break
+                out.append(result)
+        finally:
+            if self.inflight is not None and (steps <= 0 or self._done()):
+                await self.inflight.stop()  # nothing more to explore: stop fetching mid-step
         return out
 
     # ------------------------------------------------------------------ eval and bench

@@ -171,6 +171,7 @@ class ModelWrapper:
             action_mask=[True] * len(out.token_ids),
             truncated=out.truncated,
             model_version=out.model_version,
+            token_model_versions=out.token_model_versions,
             prompt_text=prompt_text,
             response_text=out.text,
             metrics={"response_length": float(len(out.token_ids)), "prompt_length": float(len(prompt))},

@@ -9,7 +9,8 @@ With a synchronizer address (`services.synchronizer.address` or `host`+`port`, o
 `RFT_SYNCHRONIZER_ADDRESS`/`_PORT`) the explorer registers under its id with its rollout worker
 count, heartbeats, and waits before each step on `ExplorerSyncGate` with the fetch of
 `synchronizer.sync_method` (memory: pull from the synchronizer; checkpoint: read the published
-file; nccl: join the group, receive the broadcast). With `sync_style: fully_async` it never waits and
+file; nccl: join the group, receive the broadcast); with `explorer.inflight_weight_update` it also
+fetches each new version while a step samples (inflight.py). With `sync_style: fully_async` it never waits and
 explores past `buffer.total_steps` until the run finishes (the trainer drops experiences staler than
 its bound, so it may need more explore steps than it trains). In mode `both` it first waits until a trainer has
 registered and rewinds to the trainer's step when its own saved position is ahead of it (a restart
@@ -35,6 +36,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import grpc
 from rft.v1 import common_pb2, synchronizer_pb2
 
+from services.common import liveness
 from services.common.app import stop_service
 from services.common.buffer_client import BufferClient
 from services.common.config import RFTConfig, resolve
@@ -50,6 +52,7 @@ from services.explorer.auxiliary import build_auxiliary_models
 from services.explorer.core import ExplorerCore, find_checkpoints
 from services.explorer.engines import build_engines
 from services.explorer.engines.placement import engine_devices
+from services.explorer.inflight import InflightFollower, enable_inflight, serialised
 from services.explorer.serve.service import build_endpoint, follow_run, serves_http
 from services.explorer.servicer import ExplorerServicer, registration
 from services.explorer.settings import ExplorerSettings
@@ -117,6 +120,8 @@ async def build_core(
         metrics_file=metrics_file,
         args=config.monitor.monitor_args,
     )
+    if config.explorer.inflight_weight_update:
+        enable_inflight(engines)
     core = ExplorerCore(
         ExplorerSettings.from_config(config),
         engines=engines,
@@ -168,12 +173,20 @@ async def attach_synchronizer(
     rollout = config.explorer.rollout_model
     model_path = str(rollout.model_path or config.model.model_path)  # the engines' base weights
     fetch = method.fetch(client, Receiver(core.load_weights, receiver, model_path))
+    inflight = config.explorer.inflight_weight_update and config.mode != "serve"
+    if inflight:  # the gate and the in-flight follower share one fetch (inflight.py)
+        fetch = serialised(fetch, lambda: core.model_version)
     if config.mode == "both":
         trainer_step = await _trainer_step(client, config.synchronizer.sync_timeout)
         core.rewind_to(trainer_step)
     await client.register(step=core.step, model_version=core.model_version)
     await client.start()
     core.gate = ExplorerSyncGate(client, fetch, method=method)
+    if inflight:
+        core.inflight = InflightFollower(
+            client, fetch, method, lambda: core.model_version,
+            interval=config.synchronizer.sync_interval, timeout_s=config.synchronizer.sync_timeout,
+        )  # fmt: skip
     core.until_run_ends = config.synchronizer.sync_style == "fully_async"
     return client
 
@@ -233,6 +246,7 @@ async def _auto_run(core: ExplorerCore, client: SyncClient | None) -> None:
 def make_build(explorer_id: str | None = None, shard: str | None = None):
     async def build(config: RFTConfig) -> tuple[Sequence[Registration], Callable[[], Awaitable[None]] | None]:
         core = await build_core(config, explorer_id=explorer_id, shard=shard)
+        liveness.track("explore step", lambda: core.step)
         endpoint = build_endpoint(config, core) if serves_http(config) else None
         servicer = ExplorerServicer(core, on_shutdown=_stop_process, serve=endpoint and endpoint.backend)
         client = await attach_synchronizer(config, core, servicer.weights)

@@ -26,7 +26,9 @@ does), so an explorer waiting for weights a failed sync did not deliver cannot d
 With `max_staleness` (staleness_control, or `sync_style: fully_async`'s default) a lease takes only
 experiences of model_version >= the trainer's version - max_staleness (the buffer drops older ones);
 each step logs `sample/staleness/{mean,max}` (trainer version - experience version) and
-`sample/dropped_stale` (dropped since the previous step).
+`sample/dropped_stale` (dropped since the previous step). Per token (staleness.py: experiences whose
+tokens came from several versions, in-flight weight updates) it logs `sample/token_staleness/{mean,max}`
+and `sample/mixed_version_fraction`, and tokens older than the bound get no loss.
 
 States: STARTING (before `prepare`), READY (idle), TRAINING (a step in flight), STOPPED, FAILED.
 Calls made in the wrong state raise `PreconditionError`; bad arguments raise `InvalidRequest`
@@ -51,6 +53,7 @@ from services.trainer.checkpoint import discard_after, find_latest, step_dir
 from services.trainer.collate import collate
 from services.trainer.engine import TrainEngine
 from services.trainer.settings import TrainerSettings
+from services.trainer.staleness import mask_stale_tokens, token_staleness_metrics
 
 __all__ = [
     "BatchSource",
@@ -301,6 +304,7 @@ class TrainerCore:
                 f"only {len(experiences)} of {size} experiences arrived within {timeout_ms} ms"
             )
         t1 = time.perf_counter()
+        stale_tokens = mask_stale_tokens(experiences, min_version)
         cancelled = False
         try:
             step_batch = collate(experiences, self.engine.pad_token_id)
@@ -315,6 +319,7 @@ class TrainerCore:
             self.state = TrainerState.FAILED
             raise
         staleness = [self.model_version - e.model_version for e in experiences]  # before the commit
+        token_staleness = token_staleness_metrics(experiences, self.model_version)
         # commit: the weights moved, so do the step counter, the data position and the lineage
         self.global_step += 1
         self.model_version = self.global_step
@@ -333,6 +338,8 @@ class TrainerCore:
             "sample/staleness/max": float(max(staleness)),
             "sample/dropped_stale": float(self._dropped_stale),  # since the previous step
             "sample/dropped_stale_total": float(self.dropped_stale_total),
+            **token_staleness,
+            "sample/stale_tokens_masked": float(stale_tokens),
             "sample/task_count": float(len({e.eid.group_id for e in experiences})),
         }
         self._dropped_stale = 0

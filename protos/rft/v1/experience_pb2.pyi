@@ -25,7 +25,7 @@ class ExperienceId(_message.Message):
     def __init__(self, batch_id: _Optional[str] = ..., task_id: _Optional[str] = ..., run_id: _Optional[int] = ..., step: _Optional[int] = ..., suffix: _Optional[str] = ..., group_id: _Optional[str] = ..., explorer_id: _Optional[str] = ...) -> None: ...
 
 class Experience(_message.Message):
-    __slots__ = ("eid", "tokens", "prompt_length", "logprobs", "action_mask", "reward", "token_level_rewards", "truncated", "model_version", "metrics", "info", "prompt_text", "response_text", "advantages", "returns", "teacher_logprobs", "use_count", "rejected_tokens", "rejected_prompt_length", "reward_baseline")
+    __slots__ = ("eid", "tokens", "prompt_length", "logprobs", "action_mask", "reward", "token_level_rewards", "truncated", "model_version", "metrics", "info", "prompt_text", "response_text", "advantages", "returns", "teacher_logprobs", "use_count", "rejected_tokens", "rejected_prompt_length", "reward_baseline", "token_model_versions")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -60,6 +60,7 @@ class Experience(_message.Message):
     REJECTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REJECTED_PROMPT_LENGTH_FIELD_NUMBER: _ClassVar[int]
     REWARD_BASELINE_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_MODEL_VERSIONS_FIELD_NUMBER: _ClassVar[int]
     eid: ExperienceId
     tokens: _containers.RepeatedScalarFieldContainer[int]
     prompt_length: int
@@ -80,7 +81,8 @@ class Experience(_message.Message):
     rejected_tokens: _containers.RepeatedScalarFieldContainer[int]
     rejected_prompt_length: int
     reward_baseline: float
-    def __init__(self, eid: _Optional[_Union[ExperienceId, _Mapping]] = ..., tokens: _Optional[_Iterable[int]] = ..., prompt_length: _Optional[int] = ..., logprobs: _Optional[_Iterable[float]] = ..., action_mask: _Optional[_Iterable[bool]] = ..., reward: _Optional[float] = ..., token_level_rewards: _Optional[_Iterable[float]] = ..., truncated: _Optional[bool] = ..., model_version: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., info: _Optional[_Mapping[str, str]] = ..., prompt_text: _Optional[str] = ..., response_text: _Optional[str] = ..., advantages: _Optional[_Iterable[float]] = ..., returns: _Optional[_Iterable[float]] = ..., teacher_logprobs: _Optional[_Iterable[float]] = ..., use_count: _Optional[int] = ..., rejected_tokens: _Optional[_Iterable[int]] = ..., rejected_prompt_length: _Optional[int] = ..., reward_baseline: _Optional[float] = ...) -> None: ...
+    token_model_versions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, eid: _Optional[_Union[ExperienceId, _Mapping]] = ..., tokens: _Optional[_Iterable[int]] = ..., prompt_length: _Optional[int] = ..., logprobs: _Optional[_Iterable[float]] = ..., action_mask: _Optional[_Iterable[bool]] = ..., reward: _Optional[float] = ..., token_level_rewards: _Optional[_Iterable[float]] = ..., truncated: _Optional[bool] = ..., model_version: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., info: _Optional[_Mapping[str, str]] = ..., prompt_text: _Optional[str] = ..., response_text: _Optional[str] = ..., advantages: _Optional[_Iterable[float]] = ..., returns: _Optional[_Iterable[float]] = ..., teacher_logprobs: _Optional[_Iterable[float]] = ..., use_count: _Optional[int] = ..., rejected_tokens: _Optional[_Iterable[int]] = ..., rejected_prompt_length: _Optional[int] = ..., reward_baseline: _Optional[float] = ..., token_model_versions: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ExperienceBatch(_message.Message):
     __slots__ = ("experiences", "vocab_size", "producer_id")

@@ -109,6 +109,12 @@ class ExplorerConfig(Section):
     # Start exploring (bench mode: benchmarking) as soon as the service is up, instead of waiting for
     # Explore/Bench RPCs; the service stops itself when done.
     auto_start: bool = False
+    # In-flight weight updates: a new weight version is applied between decode steps of the generations
+    # running (the hf engine re-reads their prefix with the new weights; vLLM pauses, loads and resumes),
+    # instead of after them, and the explorer fetches each version the trainer publishes while a step
+    # samples. Every response token records the version that sampled it (Experience
+    # `token_model_versions`); `model_version` stays the version a response started with.
+    inflight_weight_update: bool = False
 
     @field_validator("auxiliary_models")
     @classmethod

@@ -7,7 +7,11 @@ with its own model and the same temperature, so these are the "old" policy's num
 
 Engines are async: explorer workflows run concurrently on one event loop and the engine batches
 their requests. `load_weights(named_tensors, version)` swaps in new policy weights between batches
-and bumps `model_version`, which every output carries (the weights that produced it). Requests carry a
+and bumps `model_version`, which every output carries (the weights that produced it). An engine that
+can take weights mid-generation has `set_inflight_updates(True)` (explorer.inflight_weight_update):
+then a load lands between decode steps of the running requests, the rest of each response comes from
+the new weights, every output lists per token the version that sampled it (`token_model_versions`),
+and its `model_version` is the version it started with. Requests carry a
 `SamplingParams` (services/common/sampling.py), built from the config.
 """
 
@@ -37,6 +41,9 @@ class GenerationOutput:
     metrics: dict[str, float] = field(default_factory=dict)
     # per sampled token, the k most likely (token id, log-prob) of its sampling distribution, when asked
     top_logprobs: list[list[tuple[int, float]]] | None = None
+    # (R,) per sampled token, the weights' version that sampled it: filled by an engine with in-flight
+    # weight updates on (a version may land mid-generation); None: every token is of `model_version`
+    token_model_versions: list[int] | None = None
 
     @property
     def truncated(self) -> bool:

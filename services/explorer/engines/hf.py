@@ -4,7 +4,11 @@ Workflows call `generate` concurrently; calls that arrive while a batch is runni
 run as the next batch, so many small requests become one batched sampling loop (`hf_generate.py`).
 Generation runs in a worker thread (torch releases the GIL), so the event loop keeps serving gRPC.
 A lock orders generation and weight loads: a batch sees one set of weights, and its outputs carry
-that `model_version`.
+that `model_version`. With in-flight updates on (`set_inflight_updates`, explorer.inflight_weight_update)
+a load does not wait for the batch: it offers the weights to the generating thread, which copies them
+in between two decode steps (hf_generate.py re-reads the running rows' prefix with them); with no
+batch running the load copies them itself. The offered weights are held in full until then (one
+copy of the weights beside the model).
 
 Device: the explorer's placement (`device`), else cuda when CUDA is available, else CPU. Memory: on
 CUDA, with `gpu_memory_utilization` set (in the config, or by the placement on a GPU shared with the
@@ -18,6 +22,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -64,9 +69,19 @@ class HFEngine:
         )
         self._version = model_version
         self._lock = threading.Lock()
+        self.inflight = False
+        self._offer: _Update | None = None  # weights waiting for the generating thread
+        self._offered = threading.Condition()
+        self._loading = threading.Lock()  # one load at a time
         self._pending: list[tuple[list[Row], asyncio.Future[list[GenerationOutput]]]] = []
         self._draining = False
-        self._stats = {"generated_tokens": 0.0, "generate_seconds": 0.0, "requests": 0.0, "batches": 0.0}
+        self._stats = {
+            "generated_tokens": 0.0,
+            "generate_seconds": 0.0,
+            "requests": 0.0,
+            "batches": 0.0,
+            "inflight_updates": 0.0,  # versions applied between decode steps of a running batch
+        }
 
     @classmethod
     def from_pretrained(
@@ -128,6 +143,12 @@ class HFEngine:
     def stats(self) -> dict[str, float]:
         return dict(self._stats)
 
+    def set_inflight_updates(self, enabled: bool) -> None:
+        """Apply weight loads between decode steps of a running batch (module docstring)."""
+        self.inflight = bool(enabled)
+        self._generator.between_steps = self._take_offer if enabled else None
+        self._generator.record_versions = self.inflight
+
     def reseed(self, seed: int) -> None:
         with self._lock:
             self._generator.reseed(seed)
@@ -185,13 +206,19 @@ class HFEngine:
             self._draining = False
 
     def _run(self, rows: list[Row]) -> list[GenerationOutput]:
-        with self._lock:
-            version = self._version
-            t0 = time.perf_counter()
-            outputs = self._generator.generate(rows)
-            elapsed = time.perf_counter() - t0
+        try:
+            with self._lock:
+                version = self._generator.version = self._version
+                t0 = time.perf_counter()
+                outputs = self._generator.generate(rows)
+                elapsed = time.perf_counter() - t0
+        finally:
+            if self.inflight:  # a load waiting for the batch to end may take the lock now
+                with self._offered:
+                    self._offered.notify_all()
         for out in outputs:
-            out.model_version = version
+            versions = out.token_model_versions
+            out.model_version = versions[0] if versions else version
         self._stats["generated_tokens"] += sum(len(o.token_ids) for o in outputs)
         self._stats["generate_seconds"] += elapsed
         self._stats["requests"] += len(rows)
@@ -208,12 +235,92 @@ class HFEngine:
     def load_weights_sync(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, strict: bool = True
     ) -> None:
-        with self._lock:
-            load_weights(self.model, named_tensors, strict=strict)
-            self._version = int(version)
+        if not self.inflight:
+            with self._lock:
+                self._apply(_Update(named_tensors, int(version), strict))
+            return
+        with self._loading:
+            update = self.offer_weights(named_tensors, version, strict)
+            self._await(update)
+        if update.error is not None:
+            raise update.error
+
+    @property
+    def offered_version(self) -> int | None:
+        """The version offered to the running batch and not yet applied (in-flight), else None."""
+        offer = self._offer
+        return offer.version if offer is not None else None
+
+    def offer_weights(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, strict: bool = True
+    ) -> _Update:
+        """Offer weights to the running batch without waiting (in-flight; one offer at a time): the
+        generating thread applies them before its next decode step. `load_weights` offers and waits,
+        and applies them itself when no batch runs."""
+        if not self.inflight:
+            raise RuntimeError("offer_weights needs in-flight updates (set_inflight_updates(True))")
+        update = _Update(list(named_tensors), int(version), strict)  # the stream ends here
+        with self._offered:
+            if self._offer is not None:
+                raise RuntimeError(f"version {self._offer.version} is still on offer")
+            self._offer = update
+        return update
+
+    def _await(self, update: _Update) -> None:
+        """Until `update` is applied: by the generating thread, or here once no batch runs."""
+        with self._offered:
+            while not update.done:
+                if self._lock.acquire(blocking=False):  # no batch running: load it here
+                    try:
+                        if not update.done:
+                            self._offer = None
+                            self._settle(update)
+                    finally:
+                        self._lock.release()
+                    break
+                self._offered.wait()  # the generating thread takes it, or its batch ends
+
+    def _take_offer(self) -> bool:
+        """Between two decode steps (the generating thread, holding the lock): apply the weights on
+        offer; True when the weights changed."""
+        if self._offer is None:
+            return False
+        with self._offered:
+            update, self._offer = self._offer, None
+            if update is None:
+                return False
+            self._settle(update)
+            if update.error is None:
+                self._stats["inflight_updates"] += 1
+            return update.error is None
+
+    def _settle(self, update: _Update) -> None:
+        """Apply `update` (holding the condition), record the outcome and wake the loader."""
+        try:
+            self._apply(update)
+        except Exception as exc:  # the loader raises it; generation goes on
+            update.error = exc
+        finally:
+            update.done = True
+            self._offered.notify_all()
+
+    def _apply(self, update: _Update) -> None:
+        load_weights(self.model, update.named_tensors, strict=update.strict)
+        self._version = self._generator.version = update.version
 
     async def close(self) -> None:
         self._pending.clear()
+
+
+@dataclass
+class _Update:
+    """A weight load: the tensors, their version, and (in-flight) whether and how it ended."""
+
+    named_tensors: Iterable[tuple[str, torch.Tensor]]
+    version: int
+    strict: bool = True
+    done: bool = False
+    error: Exception | None = None
 
 
 def _expand(

@@ -8,6 +8,12 @@ the rows still going. Prompts are sorted by length before they are cut into micr
 Per step the work is tensor ops; Python touches single rows only to check stop strings.  For
 Llama-family models the per-token forward is `lean_decoder.LeanDecoder` (same weights, far less
 Python per call); other models use the transformers forward with its `DynamicCache`.
+
+In-flight weight updates: `between_steps`, when set, is called before every forward pass; when it
+returns True the weights have just changed (the engine loaded a new version into the same modules),
+so the KV cache of the rows still going is rebuilt from their prompt and the tokens sampled so far
+with the new weights, and the next tokens are what the new weights sample from that prefix. Each
+sampled token records `version` as it was for that step (`GenerationOutput.token_model_versions`).
 """
 
 from __future__ import annotations
@@ -62,6 +68,10 @@ class HFGenerator:
         self.lean_off_reason = reason
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed)
+        # in-flight weight updates (module docstring): the weights' version, the hook, per-token record
+        self.version = 0
+        self.between_steps: Callable[[], bool] | None = None
+        self.record_versions = False
 
     def reseed(self, seed: int) -> None:
         self.generator.manual_seed(seed)
@@ -106,6 +116,10 @@ class HFGenerator:
 
         tokens = torch.full((batch, max_new), self.pad_token_id, dtype=torch.long, device=device)
         logprobs = torch.zeros((batch, max_new), dtype=torch.float32, device=device)
+        versions = (
+            torch.zeros((batch, max_new), dtype=torch.long, device=device) if self.record_versions else None
+        )
+        hook = self.between_steps
         lengths = torch.zeros(batch, dtype=torch.long, device=device)
         reason_stop = torch.zeros(batch, dtype=torch.bool, device=device)
         stop_cut: dict[int, int] = {}  # row -> text length before its stop string
@@ -115,6 +129,10 @@ class HFGenerator:
         cache = lean.new_cache(batch, width + max_new) if lean is not None else DynamicCache()
         step_ids, step_pos = ids, positions
         for t in range(max_new):
+            if hook is not None and hook() and t > 0:  # new weights: re-read the prefix with them
+                cache, step_ids, step_pos = self._reprefill(ids, tokens, active, mask, t, width + max_new)
+            if versions is not None:
+                versions[active, t] = self.version
             if lean is not None:
                 logits = lean.forward(step_ids, step_pos, mask, cache)
             else:
@@ -169,7 +187,27 @@ class HFGenerator:
         outs = self._outputs(rows, tokens, logprobs, lengths, reason_stop, stop_cut)
         for i, rec in top_rec.items():
             outs[i].top_logprobs = rec
+        if versions is not None:
+            per_row = versions.cpu().tolist()
+            for i, out in enumerate(outs):
+                out.token_model_versions = per_row[i][: len(out.token_ids)]
         return outs
+
+    def _reprefill(
+        self,
+        ids: torch.Tensor,
+        tokens: torch.Tensor,
+        active: torch.Tensor,
+        mask: torch.Tensor,
+        t: int,
+        capacity: int,
+    ) -> tuple[object, torch.Tensor, torch.Tensor]:
+        """A fresh cache and the inputs of step `t` that fill it: the rows still going, their left-padded
+        prompt `ids` (B, W) then their `t` sampled tokens, at the positions `mask` (b, W + t) gives."""
+        full = torch.cat([ids[active], tokens[active, :t]], dim=-1)
+        positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+        cache = self.lean.new_cache(len(active), capacity) if self.lean is not None else DynamicCache()
+        return cache, full, positions
 
     @staticmethod
     def _record_top(

@@ -15,6 +15,16 @@ safetensors file (weights_shm.py: `collective_rpc` arguments must be plain value
 reset after. With `enable_sleep_mode` (on by default on a GPU shared with the trainer) the explorer puts
 the engine to sleep after an explore step's generation (`sleep()`: level 1, weights to host memory, KV
 cache freed) and it wakes before its next generation or weight load.
+
+In-flight weight updates (`set_inflight_updates`, explorer.inflight_weight_update), through vLLM's
+pause API as AReaL's interruptible generation: a load does not wait for running requests; it pauses
+the engine (`pause_generation(mode="abort", clear_cache=True)`: running requests end with
+finish_reason "abort" and what they sampled so far, KV and prefix caches are dropped), loads, sets the
+version and resumes (`resume_generation`). Each sample cut short this way is continued as a new
+request from its prompt plus the tokens it has (n=1, the token budget left), so its later tokens and
+their log-probs come from the new weights, and each segment's tokens record its version
+(`token_model_versions`). New requests wait while an update runs. A stop string spanning the cut is
+not seen (stop token ids are).
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -110,17 +121,29 @@ class _UpdateGate:
                 self._cond.notify_all()
 
     @asynccontextmanager
-    async def updating(self) -> AsyncIterator[None]:
+    async def updating(self, wait_idle: bool = True) -> AsyncIterator[None]:
+        """`wait_idle` False (in-flight): running generations go on (the update pauses them itself)."""
         async with self._cond:
             await self._cond.wait_for(lambda: not self._updating)
             self._updating = True
-            await self._cond.wait_for(lambda: self._active == 0)
+            if wait_idle:
+                await self._cond.wait_for(lambda: self._active == 0)
         try:
             yield
         finally:
             async with self._cond:
                 self._updating = False
                 self._cond.notify_all()
+
+
+@dataclass
+class _Sample:
+    """One sample of a vLLM request, as plain values."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    text: str
 
 
 class VLLMEngine:
@@ -148,6 +171,11 @@ class VLLMEngine:
         self.sleep_mode = sleep_mode
         self._asleep = False
         self._wake_lock = asyncio.Lock()
+        self.inflight = False
+        self._pauses = 0  # in-flight updates begun: a request aborted across one is continued
+        self._paused = False  # an in-flight update holds the engine paused (no request may be sent)
+        self._resumed = asyncio.Condition()  # notified when an in-flight update ends
+        self._stats["inflight_updates"] = 0.0
 
     @classmethod
     def from_config(
@@ -194,6 +222,10 @@ class VLLMEngine:
     def stats(self) -> dict[str, float]:
         return dict(self._stats)
 
+    def set_inflight_updates(self, enabled: bool) -> None:
+        """Load weights between decode steps of running requests (module docstring)."""
+        self.inflight = bool(enabled)
+
     @staticmethod
     def sampling_params(p: SamplingParams) -> Any:
         vllm = _import_vllm()
@@ -214,32 +246,82 @@ class VLLMEngine:
             output_kind=RequestOutputKind.FINAL_ONLY,  # all n samples in one final output
         )
 
-    async def _one(self, prompt: list[int], params: SamplingParams) -> list[GenerationOutput]:
+    async def _request(
+        self, prompt: list[int], params: SamplingParams
+    ) -> tuple[list[_Sample] | None, int, int]:
+        """One vLLM request: its samples (None: refused by a pause that began as it was sent), the
+        version it ran on and the in-flight pauses begun while it ran (was it cut by an update)."""
         from vllm.inputs import TokensPrompt
 
+        if self.inflight:  # never send into a pause (vLLM refuses new requests until it resumes)
+            async with self._resumed:
+                await self._resumed.wait_for(lambda: not self._paused)
         final = None
+        version, pauses = self._version, self._pauses
         request_id = f"{self.name}-{next(self._ids)}"
-        async for out in self.llm.generate(
-            TokensPrompt(prompt_token_ids=prompt), self.sampling_params(params), request_id
-        ):
-            final = out
+        try:
+            async for out in self.llm.generate(
+                TokensPrompt(prompt_token_ids=prompt), self.sampling_params(params), request_id
+            ):
+                final = out
+        except Exception:
+            if self._pauses == pauses:
+                raise
+            return None, version, self._pauses - pauses
         assert final is not None
-        version = self._version
-        results = []
+        samples = []
         for c in final.outputs:
             ids = list(c.token_ids)
             lps = [float(step[t].logprob) for step, t in zip(c.logprobs or [], ids, strict=False)]
-            results.append(
-                GenerationOutput(
-                    prompt_token_ids=prompt,
-                    token_ids=ids,
-                    logprobs=torch.tensor(lps, dtype=torch.float32),
-                    finish_reason="length" if c.finish_reason == "length" else "stop",
-                    text=c.text,
-                    model_version=version,
-                )
+            samples.append(_Sample(ids, lps, str(c.finish_reason), c.text))
+        return samples, version, self._pauses - pauses
+
+    async def _one(self, prompt: list[int], params: SamplingParams) -> list[GenerationOutput]:
+        samples, version, paused = await self._request(prompt, params)
+        results = []
+        for c in samples if samples is not None else [_Sample([], [], "abort", "")] * params.n:
+            out = GenerationOutput(
+                prompt_token_ids=prompt,
+                token_ids=c.token_ids,
+                logprobs=torch.tensor(c.logprobs, dtype=torch.float32),
+                finish_reason="length" if c.finish_reason == "length" else "stop",
+                text=c.text,
+                model_version=version,
             )
+            if self.inflight:
+                out.token_model_versions = [version] * len(c.token_ids)
+                if paused and c.finish_reason == "abort":
+                    out = await self._continue(out, params)
+            results.append(out)
         return results
+
+    async def _continue(self, out: GenerationOutput, params: SamplingParams) -> GenerationOutput:
+        """Continue a sample an in-flight update cut short, on the new weights, until it ends."""
+        assert out.token_model_versions is not None
+        ids, lps, versions = list(out.token_ids), out.logprobs.tolist(), list(out.token_model_versions)
+        finish = "abort"
+        while finish == "abort" and len(ids) < params.max_tokens:
+            rest = params.replace(
+                n=1, max_tokens=params.max_tokens - len(ids), min_tokens=max(params.min_tokens - len(ids), 0)
+            )
+            samples, version, paused = await self._request(out.prompt_token_ids + ids, rest)
+            if samples is None:  # refused by the next pause: ask again once it ends
+                continue
+            c = samples[0]
+            ids += c.token_ids
+            lps += c.logprobs
+            versions += [version] * len(c.token_ids)
+            finish = c.finish_reason if c.finish_reason != "abort" or paused else "stop"
+        reason = "length" if finish == "length" or len(ids) >= params.max_tokens else "stop"
+        return GenerationOutput(
+            prompt_token_ids=out.prompt_token_ids,
+            token_ids=ids,
+            logprobs=torch.tensor(lps, dtype=torch.float32),
+            finish_reason=reason,
+            text=self._tokenizer.decode(ids, skip_special_tokens=True),
+            model_version=versions[0] if versions else out.model_version,
+            token_model_versions=versions,
+        )
 
     async def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
@@ -263,13 +345,36 @@ class VLLMEngine:
         named = list(named_tensors)
         payload: SharedWeights = await asyncio.to_thread(write_shared_weights, named, strict=strict)
         try:
-            async with self._gate.updating():
-                await self.wake_up()
+            async with self._update(version):
                 await self.llm.collective_rpc("rft_load_shared", args=(payload,))
-                await self.llm.reset_prefix_cache()
-                self._version = int(version)
         finally:
             remove_shared_weights(payload)
+
+    @asynccontextmanager
+    async def _update(self, version: int) -> AsyncIterator[None]:
+        """Around a weight load: between generations; in-flight, paused mid-generation instead (running
+        requests are cut and continued on the new weights, module docstring). Sets the version."""
+        async with self._gate.updating(wait_idle=not self.inflight):
+            await self.wake_up()
+            if not self.inflight:
+                yield
+                await self.llm.reset_prefix_cache()
+                self._version = int(version)
+                return
+            self._pauses += 1
+            self._paused = True
+            try:
+                await self.llm.pause_generation(mode="abort", clear_cache=True)
+                yield
+                self._version = int(version)
+                self._stats["inflight_updates"] += 1
+            finally:
+                try:
+                    await self.llm.resume_generation()
+                finally:
+                    self._paused = False
+                    async with self._resumed:
+                        self._resumed.notify_all()
 
     # weight-sync group (used by the explorer's WeightReceiver instead of an in-process group)
     async def join_weight_group(self, info: Any, rank_offset: int) -> list[int]:
@@ -277,11 +382,8 @@ class VLLMEngine:
         return list(await self.llm.collective_rpc("rft_join_group", args=(payload, rank_offset)))
 
     async def receive_weights(self, version: int) -> None:
-        async with self._gate.updating():
-            await self.wake_up()
+        async with self._update(version):
             await self.llm.collective_rpc("rft_receive", args=(version,))
-            await self.llm.reset_prefix_cache()
-            self._version = int(version)
 
     async def leave_weight_group(self) -> None:
         await self.llm.collective_rpc("rft_leave")
