@@ -8,12 +8,12 @@ from typing import TextIO
 
 from launcher.conformance.buffer_auth import auth_before_parse
 from launcher.conformance.buffer_bounds import bounds_lists, bounds_strings
-from launcher.conformance.buffer_context import BufferContext, SetupError
+from launcher.conformance.buffer_context import BufferContext
 from launcher.conformance.buffer_fencing import fencing, takeover_ack_and_keep
 from launcher.conformance.buffer_lease import lease_whole_groups
 from launcher.conformance.buffer_put import put_exactly_once
 from launcher.conformance.buffer_settle import ack_idempotent, redelivery_after_expiry, redelivery_after_nack
-from launcher.conformance.harness import exit_code, run_checks, summary
+from launcher.conformance.harness import run_suite
 
 CHECKS = (
     put_exactly_once,
@@ -37,14 +37,9 @@ async def run_buffer_suite(
     the server cannot be used, 2 the suite cannot run as asked (a group not declared, a token needed)."""
     out = out or sys.stdout
     ctx = BufferContext(address, group, auth_token or None)
-    try:
-        await ctx.preflight()
-        print(f"buffer conformance: {address}, consumer group {group!r}, run tag {ctx.tag}", file=out)
-        outcomes = await run_checks(CHECKS, ctx, out)
-    except SetupError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.code
-    finally:
-        await ctx.close()
-    print(summary(outcomes), file=out)
-    return exit_code(outcomes)
+    return await run_suite(
+        ctx,
+        CHECKS,
+        out,
+        lambda: f"buffer conformance: {address}, consumer group {group!r}, run tag {ctx.tag}",
+    )

@@ -19,20 +19,17 @@ from dataclasses import dataclass, field
 import grpc
 from rft.v1 import buffer_pb2, buffer_pb2_grpc, experience_pb2
 
-from launcher.conformance.harness import CheckFailed, one_line, require
+from launcher.conformance.harness import (
+    CheckFailed,
+    SetupError,
+    one_line,
+    require,
+)
 from services.common.rpc import create_channel
 
 CALL_TIMEOUT_S = 10.0
 DRAIN_BATCH = 4096
 DRAIN_ROUNDS = 1000
-
-
-class SetupError(Exception):
-    """The suite cannot run against this server; `code` is the exit code (2 usage, 1 runtime)."""
-
-    def __init__(self, message: str, code: int):
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass

@@ -14,9 +14,9 @@ from launcher.conformance.explorer_calls import (
     weight_group_calls,
     weights_refused,
 )
-from launcher.conformance.explorer_context import ExplorerContext, SetupError
+from launcher.conformance.explorer_context import ExplorerContext
 from launcher.conformance.explorer_steps import eval_tasksets, explore_steps, status
-from launcher.conformance.harness import exit_code, run_checks, summary
+from launcher.conformance.harness import run_suite
 
 CHECKS = (
     status,
@@ -37,18 +37,10 @@ async def run_explorer_suite(
     the server cannot be used, 2 the suite cannot run as asked (a token needed)."""
     out = out or sys.stdout
     ctx = ExplorerContext(address, auth_token or None, drive)
-    try:
-        await ctx.preflight()
-        mode = "driving it" if drive else "read-only (no --drive)"
-        print(
-            f"explorer conformance: {address}, explorer {ctx.explorer_id!r}, {mode}, run tag {ctx.tag}",
-            file=out,
-        )
-        outcomes = await run_checks(CHECKS, ctx, out)
-    except SetupError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.code
-    finally:
-        await ctx.close()
-    print(summary(outcomes), file=out)
-    return exit_code(outcomes)
+    mode = "driving it" if drive else "read-only (no --drive)"
+    return await run_suite(
+        ctx,
+        CHECKS,
+        out,
+        lambda: f"explorer conformance: {address}, explorer {ctx.explorer_id!r}, {mode}, run tag {ctx.tag}",
+    )

@@ -15,19 +15,15 @@ from dataclasses import dataclass, field
 import grpc
 from rft.v1 import explorer_pb2, explorer_pb2_grpc
 
-from launcher.conformance.harness import CheckSkipped, one_line
+from launcher.conformance.harness import (
+    CheckSkipped,
+    SetupError,
+    one_line,
+)
 from services.common.rpc import create_channel
 
 CALL_TIMEOUT_S = 10.0
 STEP_TIMEOUT_S = 50.0  # an explore or eval call runs rollouts
-
-
-class SetupError(Exception):
-    """The suite cannot run against this server; `code` is the exit code (2 usage, 1 runtime)."""
-
-    def __init__(self, message: str, code: int):
-        super().__init__(message)
-        self.code = code
 
 
 @dataclass

@@ -71,6 +71,14 @@ def one_line(text: str | None, keep: int = 120) -> str:
     return text if len(text) <= keep else text[:keep] + "..."
 
 
+class SetupError(Exception):
+    """The suite cannot run against this server; `code` is the exit code (2 usage, 1 runtime)."""
+
+    def __init__(self, message: str, code: int):
+        super().__init__(message)
+        self.code = code
+
+
 @dataclass(frozen=True)
 class Outcome:
     name: str
@@ -100,6 +108,25 @@ async def run_checks(
         print(f"{outcome.status} {outcome.name}: {outcome.reason}", file=out, flush=True)
         outcomes.append(outcome)
     return outcomes
+
+
+async def run_suite(context: Any, checks: Sequence[Check], out: TextIO, headline: Callable[[], str]) -> int:
+    """A whole suite: `context.preflight()`, the `headline` (read after the preflight, which learns what
+    the server runs), every check, the summary; always `context.close()`. Returns the exit code: 0 all
+    passed (or skipped), 1 a check failed, or a SetupError's code."""
+    import sys
+
+    try:
+        await context.preflight()
+        print(headline(), file=out)
+        outcomes = await run_checks(checks, context, out)
+    except SetupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.code
+    finally:
+        await context.close()
+    print(summary(outcomes), file=out)
+    return exit_code(outcomes)
 
 
 def exit_code(outcomes: Sequence[Outcome]) -> int:

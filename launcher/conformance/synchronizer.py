@@ -7,9 +7,9 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
-from launcher.conformance.harness import exit_code, run_checks, summary
+from launcher.conformance.harness import run_suite
 from launcher.conformance.synchronizer_bounds import auth_before_parse, bounds
-from launcher.conformance.synchronizer_context import SetupError, SyncContext
+from launcher.conformance.synchronizer_context import SyncContext
 from launcher.conformance.synchronizer_members import heartbeat, register, roles_and_methods, unknown_member
 from launcher.conformance.synchronizer_plan import sync_plan
 from launcher.conformance.synchronizer_versions import versions_monotonic, wait_for_version
@@ -37,18 +37,12 @@ async def run_synchronizer_suite(
     or the server cannot be used, 2 the suite cannot run as asked (live members, a token needed)."""
     out = out or sys.stdout
     ctx = SyncContext(address, auth_token or None)
-    try:
-        await ctx.preflight()
-        print(
+    return await run_suite(
+        ctx,
+        CHECKS,
+        out,
+        lambda: (
             f"synchronizer conformance: {address}, sync_method {ctx.method}, {ctx.style} plan "
-            f"(interval {ctx.interval}, offset {ctx.offset}), run tag {ctx.tag}",
-            file=out,
-        )
-        outcomes = await run_checks(CHECKS, ctx, out)
-    except SetupError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return exc.code
-    finally:
-        await ctx.close()
-    print(summary(outcomes), file=out)
-    return exit_code(outcomes)
+            f"(interval {ctx.interval}, offset {ctx.offset}), run tag {ctx.tag}"
+        ),
+    )

@@ -23,7 +23,12 @@ from dataclasses import dataclass, field
 import grpc
 from rft.v1 import common_pb2, synchronizer_pb2, synchronizer_pb2_grpc
 
-from launcher.conformance.harness import CheckFailed, one_line, require
+from launcher.conformance.harness import (
+    CheckFailed,
+    SetupError,
+    one_line,
+    require,
+)
 from services.common.rpc import create_channel
 
 CALL_TIMEOUT_S = 10.0
@@ -33,14 +38,6 @@ EXPLORER = synchronizer_pb2.MEMBER_ROLE_EXPLORER
 GONE = (common_pb2.MEMBER_STATUS_STOPPED, common_pb2.MEMBER_STATUS_FAILED, common_pb2.MEMBER_STATUS_LOST)
 BROADCAST_METHODS = ("nccl",)
 PUSHED_METHODS = ("memory", "memory_bf16")
-
-
-class SetupError(Exception):
-    """The suite cannot run against this server; `code` is the exit code (2 usage, 1 runtime)."""
-
-    def __init__(self, message: str, code: int):
-        super().__init__(message)
-        self.code = code
 
 
 def safetensors_blob(version: int) -> bytes:
