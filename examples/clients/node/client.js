@@ -62,6 +62,8 @@ function parseCli(argv) {
       synchronizer: { type: 'string' },
       token: { type: 'string' },
       'ca-file': { type: 'string' },
+      'cert-file': { type: 'string' },
+      'key-file': { type: 'string' },
       'deadline-ms': { type: 'string' },
       groups: { type: 'string' },
       'group-size': { type: 'string' },
@@ -82,11 +84,16 @@ function parseCli(argv) {
   });
   if (values.help) return { help: true };
   if (!values.buffer) throw new UsageError('--buffer HOST:PORT is required');
+  if (Boolean(values['cert-file']) !== Boolean(values['key-file'])) {
+    throw new UsageError('--cert-file and --key-file go together (the client certificate and its key)');
+  }
   return {
     buffer: values.buffer,
     synchronizer: values.synchronizer || '',
     token: values.token ?? process.env.RFT_AUTH_TOKEN ?? '',
-    caFile: values['ca-file'] || '',
+    caFile: values['ca-file'] || process.env.RFT_TLS_CA_FILE || '',
+    certFile: values['cert-file'] || process.env.RFT_TLS_CLIENT_CERT_FILE || '',
+    keyFile: values['key-file'] || process.env.RFT_TLS_CLIENT_KEY_FILE || '',
     deadlineMs: intOption(values, 'deadline-ms', 10000, 1),
     groups: intOption(values, 'groups', 2, 1),
     groupSize: intOption(values, 'group-size', 4, 1),
@@ -150,8 +157,12 @@ function makeCaller(opts) {
   return { unary, clientStream };
 }
 
-function credentials(caFile) {
-  return caFile ? grpc.credentials.createSsl(fs.readFileSync(caFile)) : grpc.credentials.createInsecure();
+// TLS when a CA is given; with a certificate and its key too, mutual TLS (a server with
+// services.tls.client_auth refuses a client without one).
+function credentials(opts) {
+  if (!opts.caFile) return grpc.credentials.createInsecure();
+  const read = (f) => (f ? fs.readFileSync(f) : null);
+  return grpc.credentials.createSsl(read(opts.caFile), read(opts.keyFile), read(opts.certFile));
 }
 
 // --- experiences ------------------------------------------------------------------------------------
@@ -225,7 +236,7 @@ function statsSummary(stats) {
 // --- the run ----------------------------------------------------------------------------------------
 
 async function pushAndConsume(rft, call, opts) {
-  const buffer = new rft.BufferService(opts.buffer, credentials(opts.caFile));
+  const buffer = new rft.BufferService(opts.buffer, credentials(opts));
   try {
     const runTag = `node-${process.pid}-${Date.now().toString(36)}`;
     const groups = makeGroups(opts, runTag);
@@ -290,7 +301,7 @@ async function pushAndConsume(rft, call, opts) {
 }
 
 async function runState(rft, call, opts) {
-  const sync = new rft.SynchronizerService(opts.synchronizer, credentials(opts.caFile));
+  const sync = new rft.SynchronizerService(opts.synchronizer, credentials(opts));
   try {
     const state = await call.unary(sync, 'GetRunState', {});
     return {

@@ -339,3 +339,41 @@ def test_a_backlog_of_its_group_drains_in_few_leases(buffer):
     summary = _summary(_run_client(node, "--buffer", buffer.address, "--token", TOKEN), buffer)
     assert summary["ours_back"] == 8 and summary["leased"] >= 408
     assert summary["leases"] <= 2, summary
+
+
+def test_client_speaks_mutual_tls_and_a_client_without_a_certificate_is_refused(tmp_path):
+    """A buffer with mutual TLS (`services.tls.client_auth`): the client with the CA and a client
+    certificate round-trips its groups; with the CA alone it fails (exit 1) and the buffer stores nothing."""
+    from tests.support.tls_certs import Pki
+
+    node = _require_node()
+    pki = Pki.create(tmp_path / "pki")
+    server, client = pki.server("buffer"), pki.client("node-client")
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({
+        "project": "node-client", "name": "tls", "checkpoint_root_dir": str(tmp_path / "checkpoints"),
+        "monitor": {"monitor_type": "none"}, "log": {"format": "json"},
+        "services": {
+            "auth_token": TOKEN,
+            "buffer": {"store": "memory", "consumer_groups": ["default", "node-client"]},
+            "tls": {"cert_file": str(server.cert_file), "key_file": str(server.key_file),
+                    "ca_file": str(pki.ca_file), "client_auth": True},
+        },
+    }))  # fmt: skip
+    buffer = _start("buffer", config, tmp_path)
+    try:
+        tls = ["--ca-file", str(pki.ca_file)]
+        refused = _run_client(node, "--buffer", f"localhost:{buffer.port}", "--token", TOKEN, *tls)
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        assert json.loads(refused.stderr.strip().splitlines()[-1])["ok"] is False
+        done = _run_client(
+            node, "--buffer", f"localhost:{buffer.port}", "--token", TOKEN, *tls,
+            "--cert-file", str(client.cert_file), "--key-file", str(client.key_file), "--groups", "2",
+        )  # fmt: skip
+        summary = _summary(done, buffer)
+        assert summary["put"]["accepted"] == 8 and summary["ours_back"] == 8  # nothing of the refused run
+        assert summary["acked"] == summary["leased"] == 8
+        usage = _run_client(node, "--buffer", "localhost:1", *tls, "--cert-file", str(client.cert_file))
+        assert usage.returncode == 2 and "--cert-file and --key-file go together" in usage.stderr
+    finally:
+        _stop(buffer)
