@@ -1,7 +1,8 @@
 """A trainer that spans nodes: two torchrun agents on this host, each one node of `--nnodes 2` meeting
 at node 0 by torchrun's static rendezvous (what `python -m services.trainer` runs with `trainer.nnodes:
 2`), train one FSDP2 group. Its step equals one node's 2-rank step on the same batch; when a node is
-SIGKILLed, rank 0's next step fails at once instead of hanging until a collective timeout.
+SIGKILLed, rank 0's next step fails at once instead of hanging until a collective timeout; when node 0
+is, node 1 ends at once.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -107,6 +109,31 @@ def test_a_killed_node_fails_rank_0s_next_step_at_once(tmp_path):
         seconds, outcome = Path(str(out) + ".second").read_text().split("\n", 1)
         assert outcome != "trained"
         assert float(seconds) < 10, outcome  # not the 1800 s collective timeout
+    finally:
+        for p in nodes:
+            if p.poll() is None:
+                _kill_node(p)
+
+
+def test_a_killed_node_0_ends_the_other_nodes_at_once(tmp_path):
+    """Node 0 (global rank 0, the one that serves gRPC) dies: node 1's rank, waiting for rank 0's next
+    command, sees the group gone and its node ends non-zero, so its container or pod restarts and meets
+    the restarted node 0, instead of waiting out a collective timeout."""
+    model = make_tiny_model(tmp_path / "tiny")
+    fifo = tmp_path / "go"
+    os.mkfifo(fifo)  # rank 0 blocks on it after the first step, until it is killed
+    port, out = free_port(), tmp_path / "two.pt"
+    logs = [tmp_path / f"node{k}.log" for k in range(2)]
+    nodes = [_agent(k, 2, 1, port, [str(model), str(tmp_path / "r"), str(out), str(fifo)], logs[k])
+             for k in range(2)]  # fmt: skip
+    try:
+        poll_until(lambda: out.exists() or any(p.poll() is not None for p in nodes), 240, "the first step")
+        assert out.exists(), "\n".join(log.read_text()[-3000:] for log in logs)
+        _kill_node(nodes[0])
+        start = time.monotonic()
+        code = nodes[1].wait(60)
+        assert code != 0, logs[1].read_text()[-3000:]
+        assert time.monotonic() - start < 30, "node 1 outlived node 0 by more than its agent's shutdown"
     finally:
         for p in nodes:
             if p.poll() is None:
