@@ -19,16 +19,20 @@ earlier checkpoint) are discarded on resume (`discard_after`).
 
 Saving is split: the collective part (gathering or staging tensors into private CPU copies) runs on
 the caller's thread, the file writing in a background thread, so the next step starts at once.
-`wait()` joins the pending saves.  Loading uses safetensors and `torch.load(weights_only=True)`
+`wait()` joins the pending saves. A save that fails (a full disk, an I/O error) removes its folder and is
+raised by `wait()` or the next save as `SaveFailed`, naming the step, the folder, the cause and the
+checkpoint that stays the latest.  Loading uses safetensors and `torch.load(weights_only=True)`
 only, so a checkpoint folder cannot run code.  Old step folders beyond `max_to_keep` are deleted
 after the marker moves on.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
+import re
 import shutil
 import threading
 from collections.abc import Callable
@@ -52,10 +56,65 @@ from torch.distributed.checkpoint.state_dict import (
 from services.trainer.distributed import DistInfo
 from services.trainer.fsdp import full_state_dict, load_full_state_dict
 
-__all__ = ["CheckpointManager", "Role", "discard_after", "find_latest", "step_dir"]
+__all__ = ["CheckpointManager", "Role", "SaveFailed", "discard_after", "find_latest", "step_dir"]
 
 MARKER = "latest_checkpointed_iteration.txt"
 STATE_FILE = "trainer_state.json"
+
+
+class SaveFailed(RuntimeError):
+    """A checkpoint save that did not complete: its folder is removed, the marker still names `durable`
+    (the latest complete checkpoint), and nothing trained after it is acked."""
+
+    def __init__(
+        self, step: int, folder: Path, durable: int, cause: BaseException, free_bytes: int | None = None
+    ):
+        self.step, self.folder, self.durable, self.cause = step, folder, durable, cause
+        code = _os_errno(cause)
+        if code is None and free_bytes is not None and free_bytes < _NEARLY_FULL:
+            code = errno.ENOSPC  # torch.save says only "iostream error"; the disk says why
+        if code in _DISK_ERRORS:
+            left = f", {free_bytes / 2**20:.1f} MiB left" if free_bytes is not None else ""
+            what = f"{os.strerror(code)} ({_DISK_ERRORS[code]}{left}): {cause!r}"
+            fix = "free space or fix the disk, then run again (the run resumes from there)"
+        else:
+            what, fix = repr(cause), "see the error above"
+        latest = f"step {durable} stays the latest checkpoint" if durable else "there is no checkpoint yet"
+        super().__init__(
+            f"the checkpoint save of step {step} to {folder} failed: {what}; {latest} and nothing trained "
+            f"after it is acked (the buffer hands those batches out again); {fix}"
+        )
+
+
+def _os_errno(exc: BaseException) -> int | None:
+    """The errno of an OS error, also inside a library's wrapper (safetensors says `(os error 28)`)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno:
+            return seen.errno
+        found = re.search(r"\(os error (\d+)\)", str(seen))
+        if found:
+            return int(found.group(1))
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+_NEARLY_FULL = 16 << 20  # bytes free under which a failed write is taken for a full disk
+
+
+def _free_bytes(path: Path) -> int | None:
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
+
+
+_DISK_ERRORS = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is used up",
+    errno.EIO: "the disk failed a read or write",
+    errno.EROFS: "the disk is read-only",
+}
 
 
 def step_dir(job_dir: Path, step: int) -> Path:
@@ -223,7 +282,10 @@ class CheckpointManager:
                 self.durable_step = max(self.durable_step, step)
                 self._prune(step)
         except BaseException as exc:  # surfaced by wait() / the next save
-            self._errors.append(exc)
+            free = _free_bytes(self.job_dir)  # before the cleanup gives the folder's space back
+            if self.info.is_main and step > self.durable_step:  # never durable: give its space back
+                shutil.rmtree(folder, ignore_errors=True)
+            self._errors.append(SaveFailed(step, folder, self.durable_step, exc, free))
 
     def _prune(self, latest: int) -> None:
         if not self.max_to_keep:
@@ -246,7 +308,7 @@ class CheckpointManager:
     def raise_pending_error(self) -> None:
         if self._errors:
             errors, self._errors = self._errors, []
-            raise RuntimeError(f"a background checkpoint save failed: {errors[0]!r}") from errors[0]
+            raise errors[0] from errors[0].cause
 
     # ---- loading ------------------------------------------------------------------------------
     def load(self, folder: Path, roles: list[Role]) -> dict[str, Any]:
