@@ -12,6 +12,15 @@ remaining, restarts_completed, resume_s (median and max), wall times; "ratio" = 
 exactly once / experiences the runs needed (produced - remaining), "target" 1.0.
 
     python bench/chaos.py [--kills 20] [--per-run 5] [--steps 60] [--seed 1] [--quick]
+
+Nemesis mode (`--nemesis N`): N faults of six kinds mixed at random over runs of `--steps` steps
+(`--per-run` each; tests/support/nemesis.py): SIGKILL, a pause (SIGSTOP for 2-5 s), a hang (SIGSTOP never
+resumed, found by `services.liveness_timeout` 8 s), the buffer's Redis link cut both ways (5-12 s), one way
+(5-10 s) or slowed to 0.5 s per chunk (5-10 s). Printed per fault kind: injected, survived (training went
+on after it), recovery time from the fault's end to the next trainer step (median, max); per run the
+audit. The JSON line adds "by_kind"; "ratio" is as above.
+
+    python bench/chaos.py --nemesis 30 [--per-run 6] [--steps 60] [--seed 1]
 """
 
 from __future__ import annotations
@@ -27,7 +36,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "protos")]
 
+from launcher.audit import audit_job  # noqa: E402
 from tests.support.chaos import Campaign, run_campaign, schedule, write_chaos_config  # noqa: E402
+from tests.support.nemesis import Fault, nemesis_schedule, run_nemesis  # noqa: E402
 from tests.support.redis_server import RedisServer  # noqa: E402
 
 
@@ -44,6 +55,53 @@ def campaign(redis_url: str, kills: int, steps: int, seed: int) -> Campaign:
         return result
 
 
+def nemesis(args: argparse.Namespace) -> None:
+    faults: list[Fault] = []
+    audits, walls, codes = [], [], []
+    with RedisServer.start(appendonly=True) as server:
+        while len(faults) < args.nemesis:
+            n = min(args.per_run, args.nemesis - len(faults))
+            plan = nemesis_schedule(args.seed + len(walls), n, args.steps)
+            with tempfile.TemporaryDirectory(prefix="rft-nemesis-") as tmp:
+                code, wall, job, log = run_nemesis(
+                    Path(tmp), server.port, plan, args.steps, f"nem-{uuid.uuid4().hex[:6]}", timeout_s=900
+                )
+                audit = audit_job(job, redis_url=server.url)
+            if code != 0:
+                print(log[-4000:], file=sys.stderr)
+            faults += plan
+            audits.append(audit)
+            walls.append(wall)
+            codes.append(code)
+            print(f"run {len(walls)}: exit {code}, {wall:.1f}s, audit {audit.as_dict()}", flush=True)
+            for f in plan:
+                print(f"  {f.kind:<9} {f.service:<12} after step {f.after_step:>3} hold {f.hold_s:>4.1f}s"
+                      f" -> training went on {f.recovery_s}s after its end", flush=True)  # fmt: skip
+    by_kind = {}
+    for kind in sorted({f.kind for f in faults}):
+        these = [f for f in faults if f.kind == kind]
+        rec = [f.recovery_s for f in these if f.recovery_s is not None]
+        by_kind[kind] = {
+            "injected": len(these),
+            "survived": len(rec),
+            "recovery_s_median": round(statistics.median(rec), 2) if rec else None,
+            "recovery_s_max": max(rec) if rec else None,
+        }
+        print(f"{kind:<9} injected {len(these):>3}  survived {len(rec):>3}  recovery median "
+              f"{by_kind[kind]['recovery_s_median']} s, max {by_kind[kind]['recovery_s_max']} s")  # fmt: skip
+    total = {
+        key: sum(getattr(a, key) or 0 for a in audits)
+        for key in ("produced", "trained_once", "trained_twice", "lost", "remaining", "unknown")
+    }
+    needed = total["produced"] - total["remaining"]
+    print(json.dumps({
+        "bench": "chaos_nemesis", "faults": len(faults), "runs": len(walls),
+        "runs_completed": sum(1 for c in codes if c == 0), "steps_per_run": args.steps, **total,
+        "by_kind": by_kind, "wall_s_per_run": round(statistics.median(walls), 1),
+        "ratio": round(total["trained_once"] / needed, 4) if needed else 0.0, "target": 1.0,
+    }))  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -53,7 +111,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="4 kills in one run")
+    parser.add_argument("--nemesis", type=int, default=0, help="N mixed faults instead of kills")
     args = parser.parse_args()
+    if args.nemesis:
+        return nemesis(args)
     if args.quick:
         args.kills, args.per_run = 4, 4
     with RedisServer.start(appendonly=True) as server:
