@@ -3,7 +3,8 @@
 ValidationError -> INVALID_ARGUMENT (the message names the field and index), BufferFull ->
 RESOURCE_EXHAUSTED, LeaseError (a lease expired, unknown or settled) -> FAILED_PRECONDITION, FencedError
 (a stale epoch, or a lease taken with another one) -> ABORTED, ConsumerNotOpen (an epoch never handed
-out) -> NOT_FOUND (the consumer must call OpenConsumer), a store that cannot be reached -> UNAVAILABLE.
+out) -> NOT_FOUND (the consumer must call OpenConsumer), a store that cannot be reached, or a Redis that
+refuses writes because it cannot persist them (MISCONF: its disk is full) -> UNAVAILABLE.
 Strings and lists over their bounds were refused before (`services.common.rpc.decode`), and the core
 checks them again; no message here echoes more than 64 characters of a client's value.
 
@@ -19,6 +20,7 @@ from typing import TypeVar
 
 import grpc
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError as RedisResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rft.v1 import buffer_pb2, buffer_pb2_grpc
 
@@ -39,6 +41,11 @@ T = TypeVar("T")
 SERVICE_NAME = "rft.v1.BufferService"
 
 
+def one_line(text: str, keep: int = 200) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= keep else text[:keep] + "..."
+
+
 async def _guard(context: grpc.aio.ServicerContext, call: Callable[[], Awaitable[T]], prefix: str = "") -> T:
     try:
         return await call()
@@ -54,6 +61,15 @@ async def _guard(context: grpc.aio.ServicerContext, call: Callable[[], Awaitable
         await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
     except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
         await context.abort(grpc.StatusCode.UNAVAILABLE, f"buffer store unavailable: {exc}")
+    except RedisResponseError as exc:
+        if not str(exc).startswith("MISCONF"):
+            raise
+        # Redis could not write its append-only file (or snapshot): it refuses writes until it can
+        await context.abort(
+            grpc.StatusCode.UNAVAILABLE,
+            f"buffer store cannot write: Redis refuses writes ({one_line(str(exc))}); nothing of this call "
+            "was stored, and it succeeds once Redis can write again (free space on its disk)",
+        )
     raise AssertionError("unreachable")  # context.abort raises
 
 

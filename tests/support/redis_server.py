@@ -54,6 +54,7 @@ class RedisServer:
     password: str | None = None
     appendonly: bool = False
     binary: str = "redis-server"
+    appendfsync: str = "always"  # "everysec" as the compose stack runs it
     process: subprocess.Popen | None = None
     _tmp: tempfile.TemporaryDirectory | None = field(default=None, repr=False)
 
@@ -101,7 +102,7 @@ class RedisServer:
             "--appendonly",
             "yes" if self.appendonly else "no",
             "--appendfsync",
-            "always",
+            self.appendfsync,
             "--logfile",
             str(self.directory / "redis.log"),
         ]
