@@ -117,6 +117,15 @@ _DISK_ERRORS = {
 }
 
 
+def _marker_step(job_dir: Path) -> int:
+    """The step the marker names on disk (0: none, or unreadable)."""
+    try:
+        text = (Path(job_dir) / MARKER).read_text().strip()
+    except OSError:
+        return 0
+    return int(text) if text.isdigit() else 0
+
+
 def step_dir(job_dir: Path, step: int) -> Path:
     return Path(job_dir) / f"global_step_{step}"
 
@@ -201,6 +210,10 @@ class CheckpointManager:
     max_to_keep: int | None = None
     sharded: bool | None = None  # None: sharded iff world size > 1
     _threads: list[threading.Thread] = field(default_factory=list)
+    # the marker's writes and a failed save's cleanup, which background saves of the same step (a save,
+    # then the same step again with its HF export) or of two steps may reach at once
+    _marker_lock: threading.Lock = field(default_factory=threading.Lock)
+    _in_flight: dict[int, int] = field(default_factory=dict)  # step -> saves of it not finished
     _errors: list[BaseException] = field(default_factory=list)
     _ckpt_group: Any = None
     durable_step: int = -1  # the newest step this manager made durable (marker written; rank 0)
@@ -257,6 +270,8 @@ class CheckpointManager:
             weights = full_state_dict(module)
             if self.info.is_main:
                 writes.append(lambda w=weights: hf_export(folder / "huggingface", w))
+        with self._marker_lock:
+            self._in_flight[step] = self._in_flight.get(step, 0) + 1
         thread = threading.Thread(
             target=self._finish, args=(step, folder, futures, writes, dict(trainer_state)), daemon=False
         )
@@ -274,18 +289,27 @@ class CheckpointManager:
                 write()
             if self.info.is_main:
                 (folder / STATE_FILE).write_text(json.dumps(state, indent=1, sort_keys=True))
-                tmp = self.job_dir / (MARKER + ".tmp")
-                tmp.write_text(str(step))
-                with tmp.open("rb+") as fh:  # durable means on disk, not in the page cache
-                    os.fsync(fh.fileno())
-                tmp.replace(self.job_dir / MARKER)
-                self.durable_step = max(self.durable_step, step)
+                with self._marker_lock:
+                    if step >= self.durable_step:  # never back to an earlier step
+                        tmp = self.job_dir / f"{MARKER}.{threading.get_ident()}.tmp"
+                        tmp.write_text(str(step))
+                        with tmp.open("rb+") as fh:  # durable means on disk, not in the page cache
+                            os.fsync(fh.fileno())
+                        tmp.replace(self.job_dir / MARKER)
+                        self.durable_step = step
                 self._prune(step)
         except BaseException as exc:  # surfaced by wait() / the next save
             free = _free_bytes(self.job_dir)  # before the cleanup gives the folder's space back
-            if self.info.is_main and step > self.durable_step:  # never durable: give its space back
-                shutil.rmtree(folder, ignore_errors=True)
+            with self._marker_lock:
+                alone = self._in_flight.get(step, 0) <= 1  # no other save of this step still writing
+                if self.info.is_main and alone and step > max(self.durable_step, _marker_step(self.job_dir)):
+                    shutil.rmtree(folder, ignore_errors=True)  # never durable: give its space back
             self._errors.append(SaveFailed(step, folder, self.durable_step, exc, free))
+        finally:
+            with self._marker_lock:
+                self._in_flight[step] -= 1
+                if not self._in_flight[step]:
+                    del self._in_flight[step]
 
     def _prune(self, latest: int) -> None:
         if not self.max_to_keep:
