@@ -7,9 +7,6 @@ subprocess, as a user runs it."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,7 +18,7 @@ from rft.v1 import buffer_pb2, buffer_pb2_grpc
 from launcher.conformance.buffer import CHECKS
 from services.common.rpc import create_channel
 from tests.support.conformance import conformance as run_conformance
-from tests.support.conformance import statuses
+from tests.support.conformance import service_process, statuses
 
 ROOT = Path(__file__).resolve().parents[3]
 ENV = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'protos'}")
@@ -43,33 +40,8 @@ def buffer_process(tmp_path: Path, store: str, redis_url: str = "", token: str =
         [f"    redis_url: {redis_url}", f"    stream_prefix: cf-{tmp_path.name[-8:]}"] if redis_url else []
     )
     lines += ["log:", "  level: WARNING", ""]
-    config, port_file, log = tmp_path / "run.yaml", tmp_path / "port", tmp_path / "buffer.log"
-    config.write_text("\n".join(lines))
-    command = [
-        sys.executable,
-        "-m",
-        "services.buffer",
-        "--config",
-        str(config),
-        "--port-file",
-        str(port_file),
-    ]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(command, cwd=ROOT, env=ENV, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 60
-        while not (port_file.exists() and port_file.read_text().strip()):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the buffer did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.02)  # ok-sleep: polling with a deadline for the port file
-        yield f"127.0.0.1:{port_file.read_text().strip()}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+    with service_process("buffer", "\n".join(lines), tmp_path) as address:
+        yield address
 
 
 async def conformance(address: str, *args: str) -> tuple[int, str]:
