@@ -25,6 +25,8 @@
 #   trainer15   the same on the Qwen2.5-1.5B shape
 #   rollout     the explorer's hf engine on CUDA (bench/rollout.py --quick --device cuda), tokens/s
 # With $OUT set, everything printed is also written under $OUT/gpu_check/ (one log per step, summary.json).
+# Measured on an H100 (docs/performance.md): setup ~20 s, quickstart 194 s, trainer 49 s, trainer15 60 s; a
+# command is limited to 10 minutes, so give the quickstart its own call or a `timeout` of 300 s or more.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
