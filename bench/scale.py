@@ -12,20 +12,27 @@ step an explorer:
   - puts `--groups` groups of 8 real `Experience`s (64 prompt + 192 response tokens) with
     `BufferClient.put`.
 A simulated trainer (this process) leases N explorer-steps of experiences per step (`get_batch`),
-acks them and publishes weights of `--weights-mb` MB through the synchronizer (`request_sync`,
-`push_weights`) for all N to pull.
+acks them and publishes weights of `--weights-mb` MB (fp32; `--sync-method memory_bf16` sends them as
+bf16) through the synchronizer (`request_sync`, `push_weights`) for all N to pull. Before each push
+its weights take a simulated optimizer step (`weight_steps.py`: every weight moves, about
+`--bf16-change` of the bf16 words change, by default the fraction measured on the quickstart), so the
+explorers' delta pulls (`have_version`, from the second version on) carry a realistic delta.
 
 Measured per N over steps 2..S (step 1 warms up): experiences/s through the buffer (acked), put
 latency p50/p99 (each explorer's `put`), lease latency p50/p99 (from the moment the step's last put
 returned, or the lease call if later, until the trainer holds the whole step), the time for a weight
 version to reach all N explorers (push start to the last explorer's load, median over versions),
-synchronizer CPU seconds per step (/proc/<pid>/stat), and how busy the client processes were (CPU
-seconds / wall seconds, the busiest process; near 1.0 = it saturates). The knee (`knee()`) is the
+synchronizer CPU seconds per step (/proc/<pid>/stat; a delta is computed once per version, whatever
+N), the bytes an explorer pulled per delta pull (`delta_bytes_per_explorer`, median over explorers;
+over `payload_bytes`, one full version: `delta_bytes_ratio`) and in full over the whole run
+(`full_bytes_per_explorer`: one payload when every later pull was a delta) and how busy the client processes were (CPU seconds / wall seconds, the busiest process;
+near 1.0 = it saturates). The knee (`knee()`) is the
 first N where experiences/s per explorer fall below 80% of the smallest N's or a p99 latency jumps.
 Last line: one JSON object (DESIGN.md section 8): the per-N figures, "ratio" = total experiences/s at
 N=64 over N=4 (the fleet keeps its throughput as it grows) and "target" 0.9.
 
     python bench/scale.py [--quick] [--ns 1,4,16,64] [--procs 4] [--weights-mb 4] [--steps 12]
+                          [--sync-method memory|memory_bf16] [--bf16-change FRACTION]
 """
 
 from __future__ import annotations
@@ -45,15 +52,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "protos")]
+sys.path[:0] = [str(ROOT), str(ROOT / "protos"), str(ROOT / "bench")]
 
 import torch  # noqa: E402
+from weight_steps import BF16_CHANGE, step_size_for, train_step  # noqa: E402
 
 from services.common.buffer_client import BufferClient  # noqa: E402
 from services.common.experience import Experience, ExperienceId  # noqa: E402
 from services.common.rpc import create_channel  # noqa: E402
 from services.common.sync_client import SyncClient  # noqa: E402
 from services.common.sync_hooks import ExplorerSyncGate  # noqa: E402
+from services.common.weight_sync import sync_method  # noqa: E402
 from services.common.weight_sync.methods import MemoryFetch  # noqa: E402
 
 GROUP, PROMPT, RESPONSE = 8, 64, 192
@@ -67,6 +76,8 @@ class FleetParams:
     tokens_per_s: float = 20_000.0  # modelled generation rate of one explorer
     weights_mb: float = 4.0
     sync_offset: int = 0
+    method: str = "memory"
+    bf16_change: float = BF16_CHANGE  # per version: the fraction of bf16 words the trainer's step changes
 
 
 @dataclass
@@ -76,6 +87,10 @@ class ExplorerLog:
     loaded: dict[int, float] = field(default_factory=dict)  # version -> when it was loaded
     cpu_s: float = 0.0
     wall_s: float = 0.0
+    pulled_full: int = 0  # bytes pulled as full payloads / as deltas, and how many pulls
+    pulled_delta: int = 0
+    pulls: int = 0
+    fallbacks: int = 0  # deltas that did not apply (pulled again in full)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -111,7 +126,7 @@ def service_configs(redis_url: str, workdir: Path, p: FleetParams) -> dict[str, 
             "buffer:\n  trainer_input:\n    experience_buffer:\n      capacity: 1000000\nlog:\n  level: WARNING\n"
         ),
         "synchronizer": (
-            f"checkpoint_root_dir: {workdir}\nsynchronizer:\n  sync_method: memory\n  chunk_bytes: {chunk}\n"
+            f"checkpoint_root_dir: {workdir}\nsynchronizer:\n  sync_method: {p.method}\n  chunk_bytes: {chunk}\n"
             f"  sync_offset: {p.sync_offset}\n  sync_timeout: 120\nlog:\n  level: WARNING\n"
         ),
     }
@@ -180,6 +195,7 @@ async def explorer(name: str, buffer_addr: str, sync_addr: str, p: FleetParams) 
     async def load(named, version: int) -> None:  # the modelled engine keeps the decoded weights
         dict(named)
         out.loaded.setdefault(version, time.monotonic())
+        out.pulls += 1
 
     gate = ExplorerSyncGate(sync, fetch=MemoryFetch(sync, load), timeout_s=120)
     await sync.register()
@@ -194,6 +210,8 @@ async def explorer(name: str, buffer_addr: str, sync_addr: str, p: FleetParams) 
         if step > 1:
             out.put_s.append(out.put_end[step] - t0)
     await gate.settle()
+    out.pulled_full, out.pulled_delta = sync.pulled_bytes_full, sync.pulled_bytes_delta
+    out.fallbacks = sync.delta_fallbacks
     await sync.leave(ok=True)
     await sync.close()
     await channel.close()
@@ -221,10 +239,14 @@ class TrainerLog:
     lease_done: dict[int, float] = field(default_factory=dict)  # step -> whole step held
     push: dict[int, tuple[float, float]] = field(default_factory=dict)  # version -> (start, end)
     acked: int = 0
+    payload_bytes: int = 0  # one version on the wire
+    bf16_changed: list[float] = field(default_factory=list)  # per version after the first
 
 
 async def trainer(n: int, buffer_addr: str, sync_addr: str, p: FleetParams) -> TrainerLog:
     out, sd = TrainerLog(), weights(p.weights_mb)
+    method, gen = sync_method(p.method), torch.Generator().manual_seed(1)
+    step_size = step_size_for(p.bf16_change)
     sync = SyncClient(create_channel(sync_addr, timeout_s=120), "trainer", "trainer", timeout_s=60,
                       sync_timeout_s=120, owns_channel=True)  # fmt: skip
     channel = create_channel(buffer_addr, timeout_s=60)
@@ -240,9 +262,12 @@ async def trainer(n: int, buffer_addr: str, sync_addr: str, p: FleetParams) -> T
                 got += len(leased.experiences)
         out.lease_done[step], out.acked = time.monotonic(), out.acked + got
         if step < p.steps and (await sync.request_sync(step)).accepted:
+            if out.push:  # the weights move between versions as a training step moves them
+                out.bf16_changed.append(train_step(sd.values(), step_size, gen)[1])
             t0 = time.monotonic()
-            await sync.push_weights(sd, version=step, step=step)
+            resp = await sync.push_weights(method.encode(sd), version=step, step=step)
             out.push[step] = (t0, time.monotonic())
+            out.payload_bytes = resp.bytes
     await sync.close()
     await channel.close()
     return out
@@ -285,6 +310,9 @@ async def run_fleet(
     reach = [max(min(t for v2, t in lg.loaded.items() if v2 >= v) for lg in logs) - start
              for v, (start, _) in tr.push.items() if all(any(v2 >= v for v2 in lg.loaded) for lg in logs)]  # fmt: skip
     puts = [x for lg in logs for x in lg.put_s]
+    pulls = [lg.pulls for lg in logs]
+    delta_per = [lg.pulled_delta / max(lg.pulls - 1, 1) for lg in logs]  # the first pull is full
+    full_per = [lg.pulled_full for lg in logs]
     rate = n * p.groups * GROUP * (p.steps - 1) / window
     return {
         "n": n,
@@ -297,6 +325,13 @@ async def run_fleet(
         "push_s": round(statistics.median(e - s for s, e in tr.push.values()), 4),
         "reach_all_s": round(statistics.median(reach), 4) if reach else None,
         "sync_cpu_s_per_step": round(sync_cpu / p.steps, 4),
+        "payload_bytes": tr.payload_bytes,
+        "delta_bytes_per_explorer": round(statistics.median(delta_per)),
+        "full_bytes_per_explorer": round(statistics.median(full_per)),
+        "delta_bytes_ratio": round(statistics.median(delta_per) / max(tr.payload_bytes, 1), 4),
+        "pulls_per_explorer": statistics.median(pulls),
+        "delta_fallbacks": sum(lg.fallbacks for lg in logs),
+        "bf16_changed": round(statistics.median(tr.bf16_changed), 4) if tr.bf16_changed else None,
         "client_busy": round(max(client_busy), 2),
         "acked": tr.acked,
     }
@@ -353,15 +388,20 @@ def main() -> None:
     parser.add_argument("--tokens-per-s", type=float, default=20_000.0, help="modelled rate per explorer")
     parser.add_argument("--weights-mb", type=float, default=4.0, help="published weights, MB")
     parser.add_argument("--sync-offset", type=int, default=0)
+    parser.add_argument("--sync-method", default="memory", choices=["memory", "memory_bf16"])
+    parser.add_argument(
+        "--bf16-change", type=float, default=BF16_CHANGE,
+        help="fraction of bf16 words the simulated trainer's step changes per version (default: measured)",
+    )  # fmt: skip
     args = parser.parse_args()
     ns = [int(x) for x in args.ns.split(",")]
     if not ns or min(ns) < 1:
         parser.error(f"--ns must list fleet sizes >= 1, got {args.ns!r}")
     p = FleetParams(args.steps or (6 if args.quick else 12), args.groups, args.tokens_per_s,
-                    args.weights_mb, args.sync_offset)  # fmt: skip
+                    args.weights_mb, args.sync_offset, args.sync_method, args.bf16_change)  # fmt: skip
     rows = measure(ns, p, args.procs)
     cols = ["n", "experiences_per_s", "per_explorer_per_s", "put_p50_ms", "put_p99_ms", "lease_p50_ms",
-            "lease_p99_ms", "push_s", "reach_all_s", "sync_cpu_s_per_step", "client_busy"]  # fmt: skip
+            "lease_p99_ms", "push_s", "reach_all_s", "sync_cpu_s_per_step", "delta_bytes_ratio", "client_busy"]  # fmt: skip
     print(f"fleet scale: {p.steps} steps per N, {p.groups * GROUP} experiences of {PROMPT + RESPONSE} tokens "
           f"per explorer step, {p.weights_mb:g} MB weights, explorer processes: {args.procs}")  # fmt: skip
     print(" ".join(f"{c:>14}" for c in cols))
@@ -373,6 +413,7 @@ def main() -> None:
     ratio = by_n[64]["experiences_per_s"] / by_n[4]["experiences_per_s"] if 4 in by_n and 64 in by_n else None
     result = {"bench": "scale", "quick": args.quick, "steps": p.steps, "groups": p.groups,
               "tokens_per_s": p.tokens_per_s, "weights_mb": p.weights_mb, "procs": args.procs,
+              "sync_method": p.method, "bf16_change": p.bf16_change,
               "per_n": rows, "knee": k, "ratio": round(ratio, 3) if ratio else None, "target": 0.9}  # fmt: skip
     print(json.dumps(result))
 

@@ -12,13 +12,19 @@ model, for each `synchronizer.sync_method`, against a raw transfer of the same b
 - memory_bf16: the same path with the fp32 weights cast to bfloat16 on the trainer's side before the
   push (`sync_method: memory_bf16`; half the bytes), loaded (cast back) into the fp32 explorer model;
   compared with memory.
+- memory_delta, memory_bf16_delta: delta pulls (`weight_sync/delta.py`). Before each of these rows the
+  trainer model takes a simulated training step (`weight_steps.py`: every weight moves a little, about
+  `--bf16-change` of the bf16 words change, by default the fraction measured on the quickstart), the
+  explorer holds the previous version, and the row times push + delta pull + load; the full rows
+  (`memory`, `memory_bf16`: pulls without have_version) are their baseline. Reported: bytes on the
+  wire (delta vs full payload) and times; target: delta bytes <= 0.5x the full bf16 payload.
 - checkpoint: `CheckpointStore.save` (atomic, fsynced) then `read_state_dict` + `load_weights`
   (no baseline; reported for comparison).
 Interleaved repetitions, median. Last line: one JSON object with the figures, the baselines, "ratio"
 (baseline time / ours; top-level = the nccl method) and "target" (nccl <= 1.5x raw: 0.67; memory <=
-2x raw: 0.5).
+2x raw: 0.5; "delta_bytes_ratio" = bf16 delta bytes / full bf16 bytes, "delta_target" 0.5).
 
-    python bench/weight_sync.py [--quick]
+    python bench/weight_sync.py [--quick] [--bf16-change FRACTION]
 """
 
 from __future__ import annotations
@@ -36,11 +42,12 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "protos")]
+sys.path[:0] = [str(ROOT), str(ROOT / "protos"), str(ROOT / "bench")]
 
 import grpc  # noqa: E402
 import torch  # noqa: E402
 from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
+from weight_steps import BF16_CHANGE, step_size_for, train_step  # noqa: E402
 
 from services.common.rpc import create_channel  # noqa: E402
 from services.common.sync_client import SyncClient  # noqa: E402
@@ -211,19 +218,21 @@ def start_synchronizer(workdir: Path) -> tuple[subprocess.Popen, int]:
     return proc, int(port_file.read_text())
 
 
-async def memory_ours(trainer: SyncClient, explorer: SyncClient, sd, model, version: int) -> float:
+async def memory_ours(
+    trainer: SyncClient,
+    explorer: SyncClient,
+    sd,
+    model,
+    version: int,
+    method: str = "memory",
+    delta: bool = False,
+) -> float:
+    """Push `sd` as `method` puts it on the wire, pull it (with `delta`: a delta from the version
+    `explorer` holds when the synchronizer keeps it; without: the full payload), load it."""
     t0 = time.perf_counter()
-    await trainer.push_weights(sd, version=version, chunk_bytes=CHUNK)
-    _, got = await explorer.pull_weights()
-    load_weights(model, got)
-    return time.perf_counter() - t0
-
-
-async def memory_bf16_ours(trainer: SyncClient, explorer: SyncClient, sd, model, version: int) -> float:
-    t0 = time.perf_counter()
-    wire = sync_method("memory_bf16").encode(sd)
+    wire = sync_method(method).encode(sd)
     await trainer.push_weights(wire, version=version, chunk_bytes=CHUNK)
-    _, got = await explorer.pull_weights()
+    _, got = await explorer.pull_weights(delta=delta)
     load_weights(model, got)
     return time.perf_counter() - t0
 
@@ -246,8 +255,10 @@ def checkpoint_ours(store: CheckpointStore, sd, model, version: int) -> float:
 
 
 # ---- driver ----------------------------------------------------------------------------------------
-async def run(reps: int) -> dict:
+async def run(reps: int, step_size: float) -> dict:
     torch.set_num_threads(1)
+    gen = torch.Generator().manual_seed(0)
+    wire_bytes: dict[str, dict[str, list[float]]] = {s: {} for s in SIZES}
     trainers = {s: build_model(s, 1) for s in SIZES}
     explorers = {s: build_model(s, 2) for s in SIZES}
     sds = {s: unique_state_dict(m) for s, m in trainers.items()}
@@ -272,11 +283,30 @@ async def run(reps: int) -> dict:
             owns_channel=True,
         )  # fmt: skip
         trainer, explorer = mk("trainer", "trainer"), mk("explorer", "explorer")
-        await trainer.register()
-        await explorer.register()
+        deltas = {(s, m): mk(f"delta-{s}-{m}", "explorer") for s in SIZES for m in ("memory", "memory_bf16")}
+        for c in (trainer, explorer, *deltas.values()):
+            await c.register()
         progress("servers up")
         store = CheckpointStore(Path(tmp) / "state_dicts", keep=1)
-        version = 0
+        version, pushed = 0, 0
+
+        def nxt() -> int:  # every push a new, higher version
+            nonlocal pushed
+            pushed += 1
+            return pushed
+
+        async def delta_row(size: str, method: str) -> tuple[float, float, float]:
+            """(seconds, delta bytes, changed fraction): the explorer holds the current version,
+            the trainer steps, pushes, the explorer pulls the delta and loads it."""
+            client = deltas[size, method]
+            await memory_ours(trainer, client, sds[size], explorers[size], nxt(), method, True)  # the base
+            changed = train_step(trainers[size].parameters(), step_size, gen)[method == "memory_bf16"]
+            before = client.pulled_bytes_delta
+            seconds = await memory_ours(trainer, client, sds[size], explorers[size], nxt(), method, True)
+            got = client.pulled_bytes_delta - before
+            assert got, f"{method} {size}: the pull was not a delta"
+            return seconds, got, changed
+
         try:
             for rep in range(reps + 1):  # repetition 0 warms up and is dropped
                 for size in SIZES:
@@ -284,15 +314,19 @@ async def run(reps: int) -> dict:
                     row = {
                         "nccl": pair.run("ours", size, version),
                         "nccl_raw": pair.run("raw", size, None),
-                        "memory": await memory_ours(
-                            trainer, explorer, sds[size], explorers[size], 2 * version
-                        ),
+                        "memory": await memory_ours(trainer, explorer, sds[size], explorers[size], nxt()),
                         "memory_raw": await memory_raw(raw_channel, pieces[size]),
-                        "memory_bf16": await memory_bf16_ours(
-                            trainer, explorer, sds[size], explorers[size], 2 * version + 1
+                        "memory_bf16": await memory_ours(
+                            trainer, explorer, sds[size], explorers[size], nxt(), "memory_bf16"
                         ),
-                        "checkpoint": checkpoint_ours(store, sds[size], explorers[size], version),
                     }
+                    for method in ("memory", "memory_bf16"):
+                        t, nbytes, changed = await delta_row(size, method)
+                        row[f"{method}_delta"] = t
+                        if rep:
+                            wire_bytes[size].setdefault(f"{method}_delta", []).append(nbytes)
+                            wire_bytes[size].setdefault(f"{method}_changed", []).append(changed)
+                    row["checkpoint"] = checkpoint_ours(store, sds[size], explorers[size], version)
                     progress(f"rep {rep} {size}: " + " ".join(f"{k}={v:.3f}" for k, v in row.items()))
                     if rep:
                         for k, v in row.items():
@@ -301,22 +335,28 @@ async def run(reps: int) -> dict:
                                                            explorers["50M"].state_dict().values(), strict=True))  # fmt: skip
         finally:
             progress("closing")
-            await trainer.close()
-            await explorer.close()
+            for c in (trainer, explorer, *deltas.values()):
+                await c.close()
             await raw_channel.close()
             sync_proc.terminate()
             sync_proc.wait(30)
             raw_proc.terminate()
             pair.close()
-    return {s: {k: statistics.median(v) for k, v in t.items()} for s, t in times.items()}, sds
+    med = {s: {k: statistics.median(v) for k, v in t.items()} for s, t in times.items()}
+    return med, {s: {k: statistics.median(v) for k, v in b.items()} for s, b in wire_bytes.items()}, sds
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="3 repetitions instead of 7")
+    parser.add_argument(
+        "--bf16-change", type=float, default=BF16_CHANGE,
+        help="fraction of bf16 words a simulated training step changes (default: measured on the quickstart)",
+    )  # fmt: skip
     args = parser.parse_args()
     reps = 3 if args.quick else 7
-    med, sds = asyncio.run(run(reps))
+    step_size = step_size_for(args.bf16_change)
+    med, nbytes, sds = asyncio.run(run(reps, step_size))
     progress("done")
     out: dict = {"unit": "seconds (median)", "repetitions": reps, "dtype": "float32", "sizes": {}}
     print(f"{'model':>6} {'MB':>7} {'nccl(gloo)':>11} {'raw bcast':>10} {'ratio':>6} "
@@ -344,12 +384,28 @@ def main() -> None:
         }
         print(f"{'':>6} memory_bf16 {m['memory_bf16']:.3f} s "
               f"({m['memory'] / m['memory_bf16']:.2f}x memory, half the bytes)")  # fmt: skip
+        for method in ("memory", "memory_bf16"):
+            full_b = sync_method(method).wire_bytes(sds[size])
+            d_b, changed = nbytes[size][f"{method}_delta"], nbytes[size][f"{method}_changed"]
+            out["sizes"][size][f"{method}_delta"] = {
+                "ours_s": m[f"{method}_delta"], "full_s": m[method],
+                "delta_megabytes": round(d_b / 1e6, 2), "full_megabytes": round(full_b / 1e6, 1),
+                "bytes_ratio": round(d_b / full_b, 4), "changed_fraction": round(changed, 4),
+                "speedup_vs_full": round(m[method] / m[f"{method}_delta"], 3),
+            }  # fmt: skip
+            print(f"{'':>6} {method}_delta {m[f'{method}_delta']:.3f} s (full {m[method]:.3f} s), "
+                  f"{d_b / 1e6:.2f} MB on the wire vs {full_b / 1e6:.1f} MB full ({d_b / full_b:.3f}x), "
+                  f"{changed:.1%} of the words changed")  # fmt: skip
     big = out["sizes"]["50M"]
     out["ratio"] = big["nccl"]["ratio"]
     out["target"] = 0.67
     out["memory_ratio"] = big["memory"]["ratio"]
     out["memory_target"] = 0.5
     out["memory_bf16_speedup"] = big["memory_bf16"]["speedup_vs_memory"]
+    out["bf16_change"] = args.bf16_change
+    out["delta_bytes_ratio"] = big["memory_bf16_delta"]["bytes_ratio"]
+    out["delta_bytes_ratio_fp32"] = big["memory_delta"]["bytes_ratio"]
+    out["delta_target"] = 0.5
     print(json.dumps(out))
 
 

@@ -48,6 +48,7 @@ NOT_NEEDED = {
     "ruff",
     "grpcio-tools",
     "cryptography",
+    "hf-xet",  # hub downloads (Xet storage); the check makes its models locally
 }
 # pip of this interpreter, else of the system python3 (a uv-made venv has no pip of its own)
 PIP = [sys.executable, "-m", "pip"] if importlib.util.find_spec("pip") else ["python3", "-m", "pip"]
@@ -126,7 +127,7 @@ def missing(dest: Path, roots: list[str]) -> tuple[list[str], list[str]]:
         version, path = have[name]
         for req in requires(path, extras):
             dep = canonicalize_name(req.name)
-            if SYSTEM.match(dep):
+            if SYSTEM.match(dep) or dep in NOT_NEEDED:
                 continue
             if dep in have and not req.specifier.contains(have[dep][0], prereleases=True):
                 conflicts.append(f"{name}=={version} needs {req}, the folder has {dep}=={have[dep][0]}")

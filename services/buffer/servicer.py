@@ -15,8 +15,7 @@ serialized again, and GetBatch answers with response bytes assembled from the st
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TypeVar
+from collections.abc import AsyncIterator
 
 import grpc
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -35,8 +34,7 @@ from services.buffer.records import (
     encode_batch_response,
     field_slices,
 )
-
-T = TypeVar("T")
+from services.common.rpc.errors import ErrorMap, Rule
 
 SERVICE_NAME = "rft.v1.BufferService"
 
@@ -46,31 +44,31 @@ def one_line(text: str, keep: int = 200) -> str:
     return text if len(text) <= keep else text[:keep] + "..."
 
 
-async def _guard(context: grpc.aio.ServicerContext, call: Callable[[], Awaitable[T]], prefix: str = "") -> T:
-    try:
-        return await call()
-    except ValidationError as exc:
-        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, prefix + str(exc))
-    except BufferFull as exc:
-        await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-    except LeaseError as exc:
-        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-    except FencedError as exc:
-        await context.abort(grpc.StatusCode.ABORTED, str(exc))
-    except ConsumerNotOpen as exc:
-        await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
-    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-        await context.abort(grpc.StatusCode.UNAVAILABLE, f"buffer store unavailable: {exc}")
-    except RedisResponseError as exc:
-        if not str(exc).startswith("MISCONF"):
-            raise
-        # Redis could not write its append-only file (or snapshot): it refuses writes until it can
-        await context.abort(
-            grpc.StatusCode.UNAVAILABLE,
-            f"buffer store cannot write: Redis refuses writes ({one_line(str(exc))}); nothing of this call "
-            "was stored, and it succeeds once Redis can write again (free space on its disk)",
-        )
-    raise AssertionError("unreachable")  # context.abort raises
+def _cannot_write(exc: BaseException) -> str | None:
+    """Redis could not write its append-only file (or snapshot): it refuses writes until it can.
+    Other Redis replies are not the store being away (None: raised as they are)."""
+    if not str(exc).startswith("MISCONF"):
+        return None
+    return (
+        f"buffer store cannot write: Redis refuses writes ({one_line(str(exc))}); nothing of this call "
+        "was stored, and it succeeds once Redis can write again (free space on its disk)"
+    )
+
+
+ERRORS = ErrorMap(  # services/common/rpc/errors.py
+    Rule(ValidationError, grpc.StatusCode.INVALID_ARGUMENT, names_field=True),
+    Rule(BufferFull, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    Rule(LeaseError, grpc.StatusCode.FAILED_PRECONDITION),
+    Rule(FencedError, grpc.StatusCode.ABORTED),
+    Rule(ConsumerNotOpen, grpc.StatusCode.NOT_FOUND),
+    Rule(
+        (RedisConnectionError, RedisTimeoutError, OSError),
+        grpc.StatusCode.UNAVAILABLE,
+        lambda exc: f"buffer store unavailable: {exc}",
+    ),
+    Rule(RedisResponseError, grpc.StatusCode.UNAVAILABLE, _cannot_write),
+)
+_guard = ERRORS.guard
 
 
 class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):

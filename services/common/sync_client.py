@@ -11,8 +11,12 @@ Calls (one per RPC): `register`, `heartbeat`, `request_sync` (trainer, after a s
 `pull_weights` (memory: to a state dict), `notify_checkpoint`,
 `get_run_state`, `get_weight_sync_info` (nccl rendezvous: `GroupInfo` and this member's ranks),
 `shutdown_run`. `push_weights` / `pull_weights` move serialized chunks with pass-through
-(de)serializers (`encode_raw_chunks` / `raw_chunks_to_state_dict`): no message objects are built
-for the bulk bytes on either side. Unary calls use `timeout_s`; waits add their own timeout; weight streams use
+(de)serializers (`encode_raw_chunks` / `join_raw_chunks`): no message objects are built
+for the bulk bytes on either side. Delta pulls: `pull_weights` keeps the last payload it received
+(one payload of memory) and sends its version as `have_version`; a delta stream is applied to it
+(`weight_sync.delta`), and a delta that does not apply (`DeltaMismatchError`, any `WeightSyncError`)
+is counted in `delta_fallbacks` and the version pulled again in full.
+Unary calls use `timeout_s`; waits add their own timeout; weight streams use
 `sync_timeout_s`. The heartbeat loop registers again when the synchronizer answers NOT_FOUND (after
 it marked this member LOST or restarted). The hook adapters for the trainer and explorer cores
 are in `services.common.sync_hooks`.
@@ -31,8 +35,11 @@ from rft.v1 import common_pb2, synchronizer_pb2, synchronizer_pb2_grpc
 
 from services.common.log import get_logger
 from services.common.rpc import create_channel
-from services.common.weight_sync import GroupInfo, TensorSpec, specs_to_proto
-from services.common.weight_sync.memory import encode_raw_chunks, raw_chunks_to_state_dict
+from services.common.sync_away import synchronizer_away
+from services.common.weight_sync import GroupInfo, TensorSpec, WeightSyncError, specs_to_proto
+from services.common.weight_sync.codec import decode_state_dict
+from services.common.weight_sync.delta import apply_delta
+from services.common.weight_sync.memory import encode_raw_chunks, join_raw_chunks
 
 log = get_logger("sync_client")
 
@@ -63,6 +70,7 @@ class SyncClient:
         timeout_s: float = 30.0,
         sync_timeout_s: float = 3600.0,
         owns_channel: bool = False,
+        delta_pulls: bool = True,
     ):
         if role not in ROLES:
             raise ValueError(f"role {role!r} is not one of {', '.join(ROLES)}")
@@ -82,6 +90,7 @@ class SyncClient:
         self.address, self.workers, self.weight_sync_port = address, workers, weight_sync_port
         self.timeout_s, self.sync_timeout_s = timeout_s, sync_timeout_s
         self.owns_channel = owns_channel
+        self.delta_pulls = delta_pulls  # memory: ask for deltas (synchronizer.delta_sync)
         self.step = 0  # last finished step, sent with heartbeats
         self.model_version = 0  # weights this member holds
         self.heartbeat_timeout_s = 60.0
@@ -89,6 +98,8 @@ class SyncClient:
         self.on_sync_pending: Callable[[], None] | None = None
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._held: tuple[int, bytearray] | None = None  # memory: the last payload pulled, its version
+        self.pulled_bytes_full = self.pulled_bytes_delta = self.delta_fallbacks = 0
 
     @classmethod
     def from_config(
@@ -101,6 +112,7 @@ class SyncClient:
         )
         kwargs.setdefault("timeout_s", svc.rpc_timeout)
         kwargs.setdefault("sync_timeout_s", config.synchronizer.sync_timeout)
+        kwargs.setdefault("delta_pulls", config.synchronizer.delta_sync)
         return cls(channel, member_id, role, owns_channel=True, **kwargs)
 
     # ---- membership ----------------------------------------------------------------------------
@@ -152,10 +164,10 @@ class SyncClient:
             except grpc.aio.AioRpcError as exc:
                 if exc.code() == grpc.StatusCode.NOT_FOUND:
                     log.warning("synchronizer forgot this member; registering again", member=self.member_id)
-                    with contextlib.suppress(grpc.aio.AioRpcError):
-                        await self.register()
                 else:
                     log.warning("heartbeat failed", member=self.member_id, code=exc.code().name)
+                with contextlib.suppress(grpc.aio.AioRpcError):  # the next beat tries again
+                    await synchronizer_away(exc, self.register)
 
     async def stop(self, status: int = Status.MEMBER_STATUS_STOPPED) -> None:
         """Stop the heartbeat loop and tell the synchronizer (status STOPPED by default; 0 = say nothing)."""
@@ -252,12 +264,41 @@ class SyncClient:
         return [c async for c in self.stub.PullWeights(req, timeout=self.sync_timeout_s)]
 
     async def pull_weights(
-        self, version: int = 0, device: str | torch.device = "cpu"
+        self, version: int = 0, device: str | torch.device = "cpu", *, delta: bool | None = None
     ) -> tuple[common_pb2.ModelVersion, dict[str, torch.Tensor]]:
-        """memory: the latest (or `version`) state dict, decoded (in a thread)."""
-        req = synchronizer_pb2.PullWeightsRequest(member_id=self.member_id, version=version)
+        """memory: the latest (or `version`) state dict, decoded (in a thread). With `delta` (default:
+        the client's `delta_pulls`) the payload is kept and the next pull asks for a delta from it;
+        without, nothing is kept."""
+        delta = self.delta_pulls if delta is None else delta
+        held = self._held if delta else None
+        try:
+            mv, payload = await self._pull_payload(version, held)
+        except WeightSyncError as exc:
+            if held is None:
+                raise
+            self.delta_fallbacks += 1
+            log.warning("weight delta did not apply; pulling in full", member=self.member_id, error=str(exc))
+            mv, payload = await self._pull_payload(version, None)
+        self._held = (int(mv.version), payload) if delta else None
+        state_dict, _ = await asyncio.to_thread(decode_state_dict, payload, device)
+        return mv, state_dict
+
+    async def _pull_payload(
+        self, version: int, held: tuple[int, bytearray] | None
+    ) -> tuple[common_pb2.ModelVersion, bytearray]:
+        """One PullWeights stream, as the full payload (a delta stream applied to `held`)."""
+        req = synchronizer_pb2.PullWeightsRequest(
+            member_id=self.member_id, version=version, have_version=held[0] if held else None
+        )
         raws = [r async for r in self._pull_raw(req, timeout=self.sync_timeout_s)]
-        return await asyncio.to_thread(raw_chunks_to_state_dict, raws, device)
+        mv, base, data = await asyncio.to_thread(join_raw_chunks, raws)
+        if base is None:
+            self.pulled_bytes_full += len(data)
+            return mv, data
+        self.pulled_bytes_delta += len(data)
+        if held is None or held[0] != base:
+            raise WeightSyncError(f"got a delta from version {base}, this receiver holds {held and held[0]}")
+        return mv, await asyncio.to_thread(apply_delta, held[1], data, base_version=base)
 
     async def notify_checkpoint(self, version: int, step: int, path: str) -> common_pb2.ModelVersion:
         req = common_pb2.ModelVersion(version=version, step=step, checkpoint_path=str(path))

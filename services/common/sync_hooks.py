@@ -49,6 +49,7 @@ from typing import Any
 import grpc
 from rft.v1 import common_pb2, synchronizer_pb2
 
+from services.common.sync_away import Backoff, synchronizer_away
 from services.common.sync_client import RunFinished, SyncClient, SyncWaitTimeout
 from services.common.weight_sync import GroupBrokenError, StaleGenerationError, TensorSpec
 from services.common.weight_sync.method import Published, SyncMethod, WaitAnswer, sync_method
@@ -215,7 +216,7 @@ class ExplorerSyncGate:
         self.held = max(self.held, model_version)
         deadline = time.monotonic() + self.timeout_s
         trainer_step: int | None = None
-        required, backoff = 0, 0.05
+        required, backoff = 0, Backoff()
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -224,14 +225,10 @@ class ExplorerSyncGate:
             try:
                 answer = await self.client.wait_for_version(step=step, timeout_s=remaining)
             except grpc.aio.AioRpcError as exc:
-                if exc.code() == grpc.StatusCode.NOT_FOUND:  # a restarted synchronizer forgot us
-                    await self.client.register()
-                elif exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                    raise
-                await asyncio.sleep(min(backoff, max(remaining, 0.0)))  # ok-sleep: synchronizer away
-                backoff = min(backoff * 2, 1.0)
+                await synchronizer_away(exc, self.client.register)
+                await backoff.wait(remaining)
                 continue
-            backoff = 0.05
+            backoff.reset()
             required = answer.required_version
             if answer.finished:
                 raise RunFinished(f"the run finished before explore step {step}")

@@ -27,6 +27,7 @@ import grpc
 
 from services.common.experience import Experience
 from services.common.log import get_logger
+from services.common.sync_away import Backoff
 from services.common.weight_sync import GroupBrokenError, StaleGenerationError
 from services.common.weight_sync.method import Fetch, SyncMethod, WaitAnswer
 
@@ -93,7 +94,7 @@ class InflightFollower:
             await asyncio.gather(task, return_exceptions=True)
 
     async def _follow(self) -> None:
-        backoff = 0.05
+        backoff = Backoff()
         while True:
             try:
                 answer = await self.client.wait_for_version(
@@ -101,10 +102,9 @@ class InflightFollower:
                 )
             except grpc.aio.AioRpcError as exc:  # synchronizer away or restarting: the gate re-registers
                 log.debug("in-flight wait failed", code=exc.code().name)
-                await asyncio.sleep(backoff)  # ok-sleep: back off while the synchronizer is away
-                backoff = min(backoff * 2, 1.0)
+                await backoff.wait()
                 continue
-            backoff = 0.05
+            backoff.reset()
             if answer.finished:
                 return
             if answer.timed_out or not self.method.wants(answer, self.held()):

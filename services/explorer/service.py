@@ -45,9 +45,10 @@ from services.common.log import get_logger
 from services.common.monitor import build_monitor, explorer_run_name
 from services.common.rpc import create_channel
 from services.common.rpc.server import Registration
+from services.common.sync_away import Backoff, synchronizer_away
 from services.common.sync_client import RunFinished, SyncClient, SyncWaitTimeout
 from services.common.sync_hooks import ExplorerSyncGate
-from services.common.weight_sync.method import Receiver, sync_method
+from services.common.weight_sync.method import Receiver
 from services.explorer.auxiliary import build_auxiliary_models
 from services.explorer.core import ExplorerCore, find_checkpoints
 from services.explorer.engines import build_engines
@@ -169,7 +170,7 @@ async def attach_synchronizer(
     client = SyncClient.from_config(
         config, core.explorer_id, "explorer", address=me.address or me.host, workers=workers
     )
-    method = sync_method(config.synchronizer.sync_method)
+    method = core.settings.sync_method  # resolved once from the config (ExplorerSettings)
     rollout = config.explorer.rollout_model
     model_path = str(rollout.model_path or config.model.model_path)  # the engines' base weights
     fetch = method.fetch(client, Receiver(core.load_weights, receiver, model_path))
@@ -185,9 +186,9 @@ async def attach_synchronizer(
     if inflight:
         core.inflight = InflightFollower(
             client, fetch, method, lambda: core.model_version,
-            interval=config.synchronizer.sync_interval, timeout_s=config.synchronizer.sync_timeout,
+            interval=core.settings.sync_plan.interval, timeout_s=core.settings.sync_timeout,
         )  # fmt: skip
-    core.until_run_ends = config.synchronizer.sync_style == "fully_async"
+    core.until_run_ends = core.settings.sync_plan.explores_until_run_ends()
     return client
 
 
@@ -195,7 +196,7 @@ async def _trainer_step(client: SyncClient, timeout_s: float) -> int:
     """The step of the run's trainer, once one has registered (waits up to `timeout_s`)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
-    backoff = 0.05
+    backoff = Backoff()
     while True:
         try:
             state = await client.get_run_state()
@@ -204,15 +205,13 @@ async def _trainer_step(client: SyncClient, timeout_s: float) -> int:
             if alive:
                 return int(alive[0].step)
         except grpc.aio.AioRpcError as exc:
-            if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                raise
-        if loop.time() + backoff > deadline:
+            await synchronizer_away(exc)  # not yet registered: nothing to register again
+        if loop.time() + backoff.delay > deadline:
             raise SyncWaitTimeout(
                 f"no trainer registered with the synchronizer within {timeout_s:g}s "
                 "(an explorer of a mode-both run resumes at the trainer's step)"
             )
-        await asyncio.sleep(backoff)  # ok-sleep: polling the synchronizer with a deadline
-        backoff = min(backoff * 2, 1.0)
+        await backoff.wait()  # polling the synchronizer with a deadline
 
 
 async def _auto_run(core: ExplorerCore, client: SyncClient | None) -> None:

@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 import grpc
 from rft.v1 import common_pb2, explorer_pb2, explorer_pb2_grpc
 
+from services.common.rpc.errors import ErrorMap, Rule
 from services.common.weight_sync import GroupInfo, WeightSyncError
 from services.common.weight_sync.errors import GroupBrokenError, MissingChunkError, StaleGenerationError
 from services.explorer.core import ExplorerCore, find_checkpoints
@@ -30,16 +31,21 @@ STATUS = {
 }
 
 
-async def _guard(context: grpc.aio.ServicerContext, call: Callable[[], Awaitable[T]]) -> T:
-    try:
-        return await call()
-    except (KeyError, ValueError, MissingChunkError) as exc:  # a broken chunk stream is the caller's
-        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-    except (StaleGenerationError, TasksetError) as exc:
-        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-    except (GroupBrokenError, WeightSyncError) as exc:
-        await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-    raise AssertionError("unreachable")  # pragma: no cover - abort raises
+ERRORS = ErrorMap(  # services/common/rpc/errors.py
+    # a broken chunk stream is the caller's
+    Rule((KeyError, ValueError, MissingChunkError), grpc.StatusCode.INVALID_ARGUMENT),
+    Rule((StaleGenerationError, TasksetError), grpc.StatusCode.FAILED_PRECONDITION),
+    Rule((GroupBrokenError, WeightSyncError), grpc.StatusCode.UNAVAILABLE),
+)
+_guard = ERRORS.guard
+_SESSION_CODES = {404: grpc.StatusCode.NOT_FOUND, 409: grpc.StatusCode.FAILED_PRECONDITION}
+SERVE_ERRORS = ErrorMap(  # the endpoint's session errors (HTTP-like status; the message names the field)
+    Rule(
+        SessionError,
+        lambda exc: _SESSION_CODES.get(exc.status, grpc.StatusCode.INVALID_ARGUMENT),
+        lambda exc: f"{exc.param}: {exc}",
+    ),
+)
 
 
 class ExplorerServicer(explorer_pb2_grpc.ExplorerServiceServicer):
@@ -131,12 +137,8 @@ class ExplorerServicer(explorer_pb2_grpc.ExplorerServiceServicer):
                 grpc.StatusCode.FAILED_PRECONDITION,
                 "this explorer serves no endpoint: set mode: serve (or explorer.rollout_model.enable_openai_api)",
             )
-        try:
-            return await call(self.serve)
-        except SessionError as exc:
-            code = {404: grpc.StatusCode.NOT_FOUND, 409: grpc.StatusCode.FAILED_PRECONDITION}
-            await context.abort(code.get(exc.status, grpc.StatusCode.INVALID_ARGUMENT), f"{exc.param}: {exc}")
-        raise AssertionError("unreachable")  # pragma: no cover - abort raises
+        serve = self.serve
+        return await SERVE_ERRORS.guard(context, lambda: call(serve))
 
     async def Feedback(self, request: explorer_pb2.ServeFeedbackRequest, context: grpc.aio.ServicerContext):
         choice = request.choice_index if request.HasField("choice_index") else None

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from services.common.config import Resolved, RFTConfig, TasksetConfig, resolve
 from services.common.config.algorithm import FilterGroupsConfig
+from services.common.sync_policy import SyncPlan
+from services.common.weight_sync.method import SyncMethod, sync_method
 
 __all__ = ["ExplorerSettings"]
 
@@ -50,6 +52,10 @@ class ExplorerSettings:
     sync_timeout: float  # synchronizer.sync_timeout
     # the taskset factories' sampling and repeat rules (scheduler.open_tasksets)
     resolved: Resolved = field(repr=False)
+    # synchronizer.sync_method, resolved once from its name (services/common/weight_sync/method.py)
+    sync_method: SyncMethod = field(default_factory=lambda: sync_method("nccl"))
+    # synchronizer.sync_style/interval/offset (services/common/sync_policy.py)
+    sync_plan: SyncPlan = SyncPlan()
 
     @classmethod
     def from_config(cls, config: RFTConfig) -> ExplorerSettings:
@@ -79,4 +85,6 @@ class ExplorerSettings:
             weight_digest=config.synchronizer.weight_digest,
             sync_timeout=config.synchronizer.sync_timeout,
             resolved=res,
+            sync_method=sync_method(config.synchronizer.sync_method),
+            sync_plan=res.sync_plan,
         )

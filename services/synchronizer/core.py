@@ -3,7 +3,7 @@
 State: the members (`members.py`: one trainer, any number of explorers, each with a status enum,
 steps and the version it holds), the published `model_version` (monotonic; bumped only when the
 trainer's new weights are complete: a whole memory push, a checkpoint notice, or an nccl broadcast
-the trainer reports done), the sync plan (`plan.py`), the memory method's latest weights
+the trainer reports done), the sync plan (`services/common/sync_policy.py`), the memory method's latest weights
 (`weights.py`) and the nccl rendezvous with its generation (`rendezvous.py`).
 
 Weight-sync methods differ here only by their strategy's two traits (`services.common.weight_sync.
@@ -39,7 +39,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from services.common.weight_sync import TensorSpec
-from services.common.weight_sync.method import sync_method
 from services.synchronizer.errors import InvalidArgument, NotRegistered, WrongState
 from services.synchronizer.members import Event, Member, MemberStatus, Role
 from services.synchronizer.records import (
@@ -51,7 +50,7 @@ from services.synchronizer.records import (
 )
 from services.synchronizer.rendezvous import Assignment, Rendezvous
 from services.synchronizer.settings import SynchronizerSettings
-from services.synchronizer.weights import StoredWeights
+from services.synchronizer.weights import StoredWeights, WeightDeltas
 
 
 class SynchronizerCore:
@@ -61,7 +60,7 @@ class SynchronizerCore:
         clock: Callable[[], float] = time.monotonic,
         on_event: Callable[[Event], None] | None = None,
     ):
-        self.method = sync_method(settings.method)  # an unknown name raises, listing the known ones
+        self.method = settings.method  # resolved from the config's name once, in SynchronizerSettings
         self.settings = settings
         self.plan = settings.plan
         self.clock = clock
@@ -71,6 +70,7 @@ class SynchronizerCore:
         self.trainer_step = 0
         self.finished = False
         self.weights: StoredWeights | None = None
+        self.weight_deltas = WeightDeltas()  # memory: deltas from recently pulled versions to `weights`
         self.rendezvous = Rendezvous(
             backend=settings.backend, timeout_s=settings.sync_timeout, bucket_bytes=settings.bucket_bytes
         )

@@ -5,18 +5,20 @@ InvalidArgument and malformed chunk streams -> INVALID_ARGUMENT. Weights (memory
 decoded here: `PushWeights` reads each received `WeightChunk`'s fields straight from its wire bytes
 (`parse_raw_chunk`, the data is never copied) and keeps those bytes, and
 `PullWeights` streams those bytes back unchanged (custom (de)serializers in `add_to_server`), so
-chunks go out exactly as the trainer cut them (`PullWeightsRequest.chunk_bytes` is not applied).
+chunks go out exactly as the trainer cut them (`PullWeightsRequest.chunk_bytes` is not applied),
+or, for a receiver whose `have_version` is kept, the chunks of the cached delta (`weights.WeightDeltas`).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import grpc
 from google.protobuf import message_factory
 from rft.v1 import common_pb2, synchronizer_pb2, synchronizer_pb2_grpc
 
+from services.common.rpc.errors import ErrorMap, Rule
 from services.common.weight_sync import MissingChunkError, specs_from_proto
 from services.common.weight_sync.memory import parse_raw_chunk
 from services.synchronizer.core import SynchronizerCore
@@ -25,21 +27,16 @@ from services.synchronizer.members import MemberStatus, Role
 from services.synchronizer.records import Published
 from services.synchronizer.weights import PushAssembly
 
-T = TypeVar("T")
 SERVICE_NAME = "rft.v1.SynchronizerService"
 RawChunk = tuple[Any, bytes]  # (the parsed fields, the wire bytes)
 
 
-async def _guard(context: grpc.aio.ServicerContext, call: Callable[[], Awaitable[T]]) -> T:
-    try:
-        return await call()
-    except NotRegistered as exc:
-        await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
-    except WrongState as exc:
-        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-    except (InvalidArgument, MissingChunkError, ValueError) as exc:
-        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-    raise AssertionError("unreachable")  # context.abort raises
+ERRORS = ErrorMap(  # services/common/rpc/errors.py
+    Rule(NotRegistered, grpc.StatusCode.NOT_FOUND),
+    Rule(WrongState, grpc.StatusCode.FAILED_PRECONDITION),
+    Rule((InvalidArgument, MissingChunkError, ValueError), grpc.StatusCode.INVALID_ARGUMENT),
+)
+_guard = ERRORS.guard
 
 
 def _version(p: Published) -> common_pb2.ModelVersion:
@@ -76,7 +73,7 @@ class SynchronizerServicer(synchronizer_pb2_grpc.SynchronizerServiceServicer):
         return synchronizer_pb2.RegisterResponse(
             model_version=_version(published),
             heartbeat_timeout_s=max(1, round(s.heartbeat_timeout)),
-            sync_method=s.method,
+            sync_method=s.method.name,
         )
 
     async def Heartbeat(self, request, context):
@@ -107,13 +104,14 @@ class SynchronizerServicer(synchronizer_pb2_grpc.SynchronizerServiceServicer):
                     weight_sync_port=m.weight_sync_port,
                 )  # fmt: skip
             )
-        s = st.settings
+        s, deltas = st.settings, self.core.weight_deltas
         return synchronizer_pb2.RunState(
             members=members, model_version=_version(st.published), trainer_step=st.trainer_step,
-            explorer_step=st.explorer_step, sync_method=s.method, sync_style=s.plan.style,
+            explorer_step=st.explorer_step, sync_method=s.method.name, sync_style=s.plan.style,
             sync_interval=s.plan.interval, sync_offset=s.plan.offset, sync_in_progress=st.sync_in_progress,
             finished=st.finished, generation=st.generation, pending_version=st.pending_version,
-            status_counts=counts,
+            status_counts=counts, weight_bytes_full=deltas.bytes_full, weight_bytes_delta=deltas.bytes_delta,
+            weight_deltas_computed=deltas.deltas_computed,
         )  # fmt: skip
 
     async def RequestSync(self, request, context):
@@ -135,7 +133,7 @@ class SynchronizerServicer(synchronizer_pb2_grpc.SynchronizerServiceServicer):
         return synchronizer_pb2.WaitForVersionResponse(
             model_version=_version(r.published), timed_out=r.timed_out, required_version=r.required,
             receive_broadcast=r.receive_broadcast, generation=r.generation,
-            sync_method=self.core.settings.method, finished=r.finished,
+            sync_method=self.core.settings.method.name, finished=r.finished,
         )  # fmt: skip
 
     async def GetWeightSyncInfo(self, request, context):
@@ -170,7 +168,9 @@ class SynchronizerServicer(synchronizer_pb2_grpc.SynchronizerServiceServicer):
                 grpc.StatusCode.NOT_FOUND,
                 f"version {request.version} is not kept; the latest is {stored.version}",
             )
-        for raw in stored.chunks:
+        have = request.have_version if request.HasField("have_version") else None
+        chunks, _ = await self.core.weight_deltas.chunks_for(stored, have)
+        for raw in chunks:
             yield raw
 
     async def NotifyCheckpoint(self, request, context):

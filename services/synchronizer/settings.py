@@ -1,21 +1,23 @@
 """`SynchronizerSettings`: what the synchronizer core needs from the run config, read once in the
 service entry (`services.synchronizer.service.build_core`) from the `synchronizer` section: the weight
-sync method, the sync plan (style, interval, offset), the timeouts, the transfer bucket sizes and the
+sync method (resolved here, once, into its `SyncMethod`), the sync plan (`SyncPlan`: style, interval,
+offset), the timeouts, the transfer bucket sizes and the
 broadcast group's backend it hands out to every member (resolved.py `weight_sync_backend`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from services.common.config import RFTConfig, resolve
-from services.synchronizer.plan import SyncPlan
+from services.common.sync_policy import SyncPlan
+from services.common.weight_sync.method import SyncMethod, sync_method
 
 __all__ = ["SynchronizerSettings"]
 
 
 @dataclass(frozen=True)
 class SynchronizerSettings:
-    method: str = "nccl"
+    method: SyncMethod = field(default_factory=lambda: sync_method("nccl"))
     plan: SyncPlan = SyncPlan()
     sync_timeout: float = 3600.0
     heartbeat_timeout: float = 60.0
@@ -27,8 +29,8 @@ class SynchronizerSettings:
     def from_config(cls, config: RFTConfig) -> SynchronizerSettings:
         s = config.synchronizer
         return cls(
-            method=s.sync_method,
-            plan=SyncPlan(s.sync_style, s.sync_interval, s.sync_offset),
+            method=sync_method(s.sync_method),  # an unknown name raises, listing the known ones
+            plan=resolve(config).sync_plan,
             sync_timeout=s.sync_timeout,
             heartbeat_timeout=s.heartbeat_timeout,
             bucket_bytes=s.bucket_bytes,

@@ -36,6 +36,7 @@ from services.common.log import get_logger
 from services.common.monitor import build_monitor
 from services.common.rpc.client import create_channel
 from services.common.rpc.server import Registration
+from services.common.sync_away import is_away, synchronizer_away
 from services.common.sync_client import SyncClient
 from services.common.sync_hooks import TrainerSyncHook
 from services.common.weight_sync import WeightSyncError
@@ -68,7 +69,7 @@ def build_core(
         args=config.monitor.monitor_args,
         console=console,
     )
-    bound = resolve(config).max_staleness  # staleness_control's, or fully_async's default
+    bound = engine.worker.settings.sync_plan.default_staleness()  # staleness_control's, or fully_async's
     return TrainerCore(engine.worker.settings, engine, source, monitor, max_staleness=bound)
 
 
@@ -88,7 +89,7 @@ async def build(config: RFTConfig) -> tuple[Sequence[Registration], Callable[[],
     client = _sync_client(config)
     weight_sync = WeightSync(
         core,
-        method=config.synchronizer.sync_method,
+        method=settings.sync_method,
         options=transport_options(
             config, device=str(info.device), checkpoint_dir=str(settings.job_dir / "state_dicts")
         ),
@@ -100,12 +101,12 @@ async def build(config: RFTConfig) -> tuple[Sequence[Registration], Callable[[],
         await client.start()
         hook = TrainerSyncHook(
             client,
-            config.synchronizer.sync_method,
+            settings.sync_method,
             sync=_logged(weight_sync),
             specs=weight_sync.specs,
             join_group=weight_sync.join,
             snapshot=weight_sync.snapshot,
-            pipeline_every=_pipeline_every(config),
+            pipeline_every=settings.sync_plan.pipeline_every(),
         )
         core.sync_hook = _TransferFailureTolerant(hook)
     runner: asyncio.Task[None] | None = None
@@ -151,14 +152,6 @@ def _push_to(client: SyncClient):
     return push
 
 
-def _pipeline_every(config: RFTConfig) -> int:
-    """Steps between pipelined syncs (0: none). With `sync_offset` >= 1 (fixed style) or `fully_async`
-    no explorer needs step k's weights before step k+1 ends, so they are sent while it trains."""
-    s = config.synchronizer
-    pipelined = s.sync_style == "fully_async" or (s.sync_style == "fixed" and s.sync_offset >= 1)
-    return s.sync_interval if pipelined else 0
-
-
 def _logged(weight_sync: WeightSync):
     """`weight_sync.sync` plus a log line per sent version (with the weights' digest when asked)."""
 
@@ -174,14 +167,6 @@ def _logged(weight_sync: WeightSync):
 
 
 FLUSH_ON_STOP_S = 10.0  # how long a stopping trainer lets a background weight sync finish
-
-# The synchronizer is restarting (UNAVAILABLE, or it forgot this member: NOT_FOUND until the heartbeat
-# loop registers again) or slow: the sync is skipped, and a later one sends newer weights.
-_SYNCHRONIZER_AWAY = (
-    grpc.StatusCode.UNAVAILABLE,
-    grpc.StatusCode.NOT_FOUND,
-    grpc.StatusCode.DEADLINE_EXCEEDED,
-)
 
 
 class _TransferFailureTolerant:
@@ -202,12 +187,12 @@ class _TransferFailureTolerant:
         try:
             return await call
         except grpc.aio.AioRpcError as exc:
-            if exc.code() not in _SYNCHRONIZER_AWAY:
+            # the synchronizer is restarting, slow, or forgot this member (register again now): the
+            # sync is skipped, and a later one sends newer weights; other codes raise
+            if not is_away(exc):
                 raise
             log.warning("synchronizer unreachable; sync skipped", step=step, error=exc.code().name)
-            if exc.code() == grpc.StatusCode.NOT_FOUND:  # a restarted synchronizer: join it again now
-                with contextlib.suppress(grpc.aio.AioRpcError):
-                    await self.hook.client.register(step=step)
+            await synchronizer_away(exc, lambda: self.hook.client.register(step=step))
             return {"sync/failed": 1.0}
         except (WeightSyncError, PreconditionError) as exc:
             if not isinstance(exc, WeightSyncError) and not isinstance(exc.__cause__, WeightSyncError):
@@ -222,8 +207,7 @@ async def _explorers_stopped(client: SyncClient) -> bool:
     try:
         state = await client.get_run_state()
     except grpc.aio.AioRpcError as exc:
-        if exc.code() not in _SYNCHRONIZER_AWAY:
-            raise
+        await synchronizer_away(exc)  # away: not known yet; other codes raise
         return False
     explorers = [m for m in state.members if m.role == synchronizer_pb2.MEMBER_ROLE_EXPLORER]
     return bool(explorers) and all(m.status == common_pb2.MEMBER_STATUS_STOPPED for m in explorers)

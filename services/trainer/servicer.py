@@ -8,12 +8,12 @@ to a `WeightSync` object (`weight_sync.py`) that shares the core's lock and stat
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Callable
 
 import grpc
 from rft.v1 import common_pb2, trainer_pb2, trainer_pb2_grpc
 
+from services.common.rpc.errors import ErrorMap, Rule
 from services.common.rpc.server import Registration
 from services.trainer.core import InvalidRequest, NoBatchError, PreconditionError, TrainerCore, TrainerState
 from services.trainer.weight_sync import WeightSync
@@ -29,15 +29,12 @@ _STATUS = {
 }
 
 
-async def _call(context: grpc.aio.ServicerContext, fn: Callable[[], Awaitable[Any]]) -> Any:
-    try:
-        return await fn()
-    except InvalidRequest as exc:
-        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-    except PreconditionError as exc:
-        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-    except NoBatchError as exc:
-        await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
+ERRORS = ErrorMap(  # services/common/rpc/errors.py
+    Rule(InvalidRequest, grpc.StatusCode.INVALID_ARGUMENT),  # its message names the field
+    Rule(PreconditionError, grpc.StatusCode.FAILED_PRECONDITION),
+    Rule(NoBatchError, grpc.StatusCode.DEADLINE_EXCEEDED),
+)
+_call = ERRORS.guard
 
 
 class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):

@@ -33,6 +33,8 @@ from typing import Any
 
 from services.common.config import OptimizerConfig, RFTConfig, resolve
 from services.common.config.compat import TRAINER_CONFIG_KEYS
+from services.common.sync_policy import SyncPlan
+from services.common.weight_sync.method import SyncMethod, sync_method
 from services.trainer.algorithms import AlgorithmPreset, RolloutISConfig, resolve_preset
 from services.trainer.lora import LoraSettings
 
@@ -136,6 +138,10 @@ class TrainerSettings:
     rollout_correction: RolloutISConfig = RolloutISConfig()
     # model.lora_configs[0]: train a LoRA adapter on the frozen policy (services/trainer/lora.py)
     lora: LoraSettings | None = None
+    # synchronizer.sync_method, resolved once from its name (services/common/weight_sync/method.py)
+    sync_method: SyncMethod = dataclasses.field(default_factory=lambda: sync_method("nccl"))
+    # synchronizer.sync_style/interval/offset and the staleness bound (services/common/sync_policy.py)
+    sync_plan: SyncPlan = SyncPlan()
 
     @property
     def use_reference(self) -> bool:
@@ -265,4 +271,6 @@ class TrainerSettings:
             lora=LoraSettings.from_config(config.model.lora_configs[0])
             if config.model.lora_configs
             else None,
+            sync_method=sync_method(config.synchronizer.sync_method),
+            sync_plan=res.sync_plan,
         )

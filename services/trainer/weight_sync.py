@@ -43,7 +43,7 @@ from services.common.weight_sync import (
     weights_digest,
 )
 from services.common.weight_sync.group import resolve_backend
-from services.common.weight_sync.method import PushFn, Sender, sync_method
+from services.common.weight_sync.method import PushFn, Sender, SyncMethod, sync_method
 from services.trainer.core import InvalidRequest, PreconditionError, TrainerCore, TrainerState
 from services.trainer.weight_gather import FULL, FULL_ON_DEVICE
 
@@ -86,14 +86,14 @@ class WeightSync:
         self,
         core: TrainerCore,
         *,
-        method: str = "nccl",
+        method: SyncMethod | str = "nccl",
         options: TransportOptions | None = None,
         push: PushFn | None = None,
         digest: bool = False,
     ):
         self.core = core
         self.digest = digest
-        self.method = method
+        self.method = sync_method(method)  # the run's method (TrainerSettings.sync_method)
         self.options = options or TransportOptions(checkpoint_dir=str(core.settings.job_dir / "state_dicts"))
         self.push = push
         self.nccl = make_transport("nccl", self.options)

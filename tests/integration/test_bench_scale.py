@@ -1,6 +1,7 @@
 """The fleet-scale benchmark's core (`bench/scale.py:run_fleet`) against a real buffer (Redis store on a
 real redis-server) and a real memory-method synchronizer, both gRPC servers: N = 1 and 2 explorers,
-a few steps; every experience put is acked, every version reaches every explorer."""
+a few steps; every experience put is acked, every version reaches every explorer, after the first as a
+delta."""
 
 from __future__ import annotations
 
@@ -27,3 +28,6 @@ async def test_fleet_runs_and_measures(n, tmp_path):
     # versions 1..steps-1 were pushed; each reached all n explorers (explorer step s needs s - 1)
     assert row["push_s"] > 0 and row["reach_all_s"] >= row["push_s"]
     assert math.isnan(row["sync_cpu_s_per_step"])  # no synchronizer pid: served in this process
+    # version 2 differs from version 1 by a simulated step: each explorer pulled it as a delta
+    assert row["full_bytes_per_explorer"] == row["payload_bytes"] > 0 and row["delta_fallbacks"] == 0
+    assert 0 < row["delta_bytes_per_explorer"] < row["payload_bytes"]

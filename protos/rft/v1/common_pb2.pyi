@@ -94,18 +94,22 @@ class WeightSyncGroupInfo(_message.Message):
     def __init__(self, master_address: _Optional[str] = ..., master_port: _Optional[int] = ..., world_size: _Optional[int] = ..., group_name: _Optional[str] = ..., backend: _Optional[str] = ..., timeout_s: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ..., bucket_bytes: _Optional[int] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class WeightChunk(_message.Message):
-    __slots__ = ("version", "index", "total", "data", "total_bytes")
+    __slots__ = ("version", "index", "total", "data", "total_bytes", "delta", "delta_base_version")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     TOTAL_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
+    DELTA_BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
     version: ModelVersion
     index: int
     total: int
     data: bytes
     total_bytes: int
-    def __init__(self, version: _Optional[_Union[ModelVersion, _Mapping]] = ..., index: _Optional[int] = ..., total: _Optional[int] = ..., data: _Optional[bytes] = ..., total_bytes: _Optional[int] = ...) -> None: ...
+    delta: bool
+    delta_base_version: int
+    def __init__(self, version: _Optional[_Union[ModelVersion, _Mapping]] = ..., index: _Optional[int] = ..., total: _Optional[int] = ..., data: _Optional[bytes] = ..., total_bytes: _Optional[int] = ..., delta: _Optional[bool] = ..., delta_base_version: _Optional[int] = ...) -> None: ...
 
 class Metric(_message.Message):
     __slots__ = ("name", "value")

@@ -80,7 +80,7 @@ class GetRunStateRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RunState(_message.Message):
-    __slots__ = ("members", "model_version", "trainer_step", "explorer_step", "sync_method", "sync_style", "sync_interval", "sync_offset", "sync_in_progress", "finished", "generation", "pending_version", "status_counts")
+    __slots__ = ("members", "model_version", "trainer_step", "explorer_step", "sync_method", "sync_style", "sync_interval", "sync_offset", "sync_in_progress", "finished", "generation", "pending_version", "status_counts", "weight_bytes_full", "weight_bytes_delta", "weight_deltas_computed")
     class StatusCountsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +101,9 @@ class RunState(_message.Message):
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     PENDING_VERSION_FIELD_NUMBER: _ClassVar[int]
     STATUS_COUNTS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_BYTES_FULL_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_BYTES_DELTA_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_DELTAS_COMPUTED_FIELD_NUMBER: _ClassVar[int]
     members: _containers.RepeatedCompositeFieldContainer[Member]
     model_version: _common_pb2.ModelVersion
     trainer_step: int
@@ -114,7 +117,10 @@ class RunState(_message.Message):
     generation: int
     pending_version: int
     status_counts: _containers.ScalarMap[str, int]
-    def __init__(self, members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., model_version: _Optional[_Union[_common_pb2.ModelVersion, _Mapping]] = ..., trainer_step: _Optional[int] = ..., explorer_step: _Optional[int] = ..., sync_method: _Optional[str] = ..., sync_style: _Optional[str] = ..., sync_interval: _Optional[int] = ..., sync_offset: _Optional[int] = ..., sync_in_progress: _Optional[bool] = ..., finished: _Optional[bool] = ..., generation: _Optional[int] = ..., pending_version: _Optional[int] = ..., status_counts: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    weight_bytes_full: int
+    weight_bytes_delta: int
+    weight_deltas_computed: int
+    def __init__(self, members: _Optional[_Iterable[_Union[Member, _Mapping]]] = ..., model_version: _Optional[_Union[_common_pb2.ModelVersion, _Mapping]] = ..., trainer_step: _Optional[int] = ..., explorer_step: _Optional[int] = ..., sync_method: _Optional[str] = ..., sync_style: _Optional[str] = ..., sync_interval: _Optional[int] = ..., sync_offset: _Optional[int] = ..., sync_in_progress: _Optional[bool] = ..., finished: _Optional[bool] = ..., generation: _Optional[int] = ..., pending_version: _Optional[int] = ..., status_counts: _Optional[_Mapping[str, int]] = ..., weight_bytes_full: _Optional[int] = ..., weight_bytes_delta: _Optional[int] = ..., weight_deltas_computed: _Optional[int] = ...) -> None: ...
 
 class RequestSyncRequest(_message.Message):
     __slots__ = ("member_id", "step", "version", "timeout_ms")
@@ -195,14 +201,16 @@ class PushWeightsResponse(_message.Message):
     def __init__(self, model_version: _Optional[_Union[_common_pb2.ModelVersion, _Mapping]] = ..., bytes: _Optional[int] = ...) -> None: ...
 
 class PullWeightsRequest(_message.Message):
-    __slots__ = ("member_id", "version", "chunk_bytes")
+    __slots__ = ("member_id", "version", "chunk_bytes", "have_version")
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HAVE_VERSION_FIELD_NUMBER: _ClassVar[int]
     member_id: str
     version: int
     chunk_bytes: int
-    def __init__(self, member_id: _Optional[str] = ..., version: _Optional[int] = ..., chunk_bytes: _Optional[int] = ...) -> None: ...
+    have_version: int
+    def __init__(self, member_id: _Optional[str] = ..., version: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., have_version: _Optional[int] = ...) -> None: ...
 
 class NotifyCheckpointResponse(_message.Message):
     __slots__ = ("model_version",)

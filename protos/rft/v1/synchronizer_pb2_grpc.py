@@ -143,7 +143,8 @@ class SynchronizerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def PullWeights(self, request, context):
-        """memory method: stream the latest (or a given) version to a receiver.
+        """memory method: stream the latest (or a given) version to a receiver: the full payload, or a delta
+        from the receiver's `have_version` when the synchronizer keeps that version (WeightChunk.delta).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

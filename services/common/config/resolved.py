@@ -14,8 +14,8 @@ from services.common.config.errors import Problem
 from services.common.config.explorer import InferenceModelConfig
 from services.common.config.gpus import GpuPlacement, gpu_demand, place_gpus, weight_sync_backend
 from services.common.config.root import RFTConfig
-from services.common.config.runtime import FULLY_ASYNC_STALE_PUBLISHES
 from services.common.sampling import SamplingParams
+from services.common.sync_policy import SyncPlan
 
 # Share of the GPU the rollout engine takes, when not set, on a GPU it shares with the trainer
 # (one-GPU mode): the rest is the trainer's (memory_plan.py checks that it fits).
@@ -138,18 +138,17 @@ class Resolved:
         mml = self.max_model_len
         return 2 * mml // t.ulysses_sequence_parallel_size if mml else None
 
+    @cached_property
+    def sync_plan(self) -> SyncPlan:
+        """The typed sync policy of `synchronizer.sync_style` (services/common/sync_policy.py)."""
+        return SyncPlan.from_config(self.config)
+
     @property
     def max_staleness(self) -> int | None:
         """Most trainer steps an experience's model_version may lag the trainer's (older ones are
-        dropped by the buffer): `sample_strategy_args.max_staleness` with `staleness_control`; with
-        `sync_style: fully_async` and no such setting, FULLY_ASYNC_STALE_PUBLISHES x sync_interval
-        (explorers never wait there, so only this bounds it); else None (no bound)."""
-        a, s = self.config.algorithm, self.config.synchronizer
-        if a.sample_strategy == "staleness_control":
-            return int((a.sample_strategy_args or {}).get("max_staleness", 0))
-        if s.sync_style == "fully_async":
-            return FULLY_ASYNC_STALE_PUBLISHES * s.sync_interval
-        return None
+        dropped by the buffer): `SyncPlan.default_staleness()` (`sample_strategy_args.max_staleness`
+        with `staleness_control`; fully_async's default; else None, no bound)."""
+        return self.sync_plan.default_staleness()
 
     @property
     def mini_batch_size(self) -> int:

@@ -7,25 +7,22 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from services.common.config.base import Section, normalise_alias
-
-SYNC_METHOD_ALIASES = {"online": "nccl", "offline": "checkpoint"}
-SYNC_STYLE_ALIASES = {"dynamic_by_explorer": "explorer_driven", "dynamic_by_trainer": "trainer_driven"}
-# `sync_style: fully_async` bounds staleness by default at this many publishes (x sync_interval trainer
-# steps) when no `staleness_control` is set: AReaL's documented `max_head_offpolicyness: 4`.
-FULLY_ASYNC_STALE_PUBLISHES = 4
+from services.common.sync_policy import STYLE_ALIASES, SyncStyle
 
 
 class SynchronizerConfig(Section):
     """When and how weights move from the trainer to the explorers (Trinity-RFT meaning)."""
 
-    # A weight-sync method's name (nccl | memory | memory_bf16 | checkpoint, or a plug-in
-    # 'package.module:Class'), checked against the method registry by `rft config check` / `rft run`.
+    # A weight-sync method's name or alias (nccl | memory | memory_bf16 | checkpoint | lora_adapter; online,
+    # offline; or a plug-in 'package.module:Class'), checked against the one method registry
+    # (services/common/weight_sync/method.py `SYNC_METHODS`, which owns the aliases) by `rft config
+    # check` / `rft run`, and resolved there once into a `SyncMethod` in each service's settings record.
     sync_method: str = "nccl"
     # Backend of the broadcast group of the nccl method: `auto` (nccl on CUDA, gloo on CPU; gloo where
     # the trainer and the explorer share one GPU, resolved.py `weight_sync_backend`), `nccl` or `gloo`
     # (over loopback the bytes go through /dev/shm). `nccl` on a shared GPU is refused at load.
     group_backend: Literal["auto", "nccl", "gloo"] = "auto"
-    sync_style: Literal["fixed", "explorer_driven", "trainer_driven", "fully_async"] = "fixed"
+    sync_style: SyncStyle = "fixed"  # what each style means: services/common/sync_policy.py
     sync_interval: int = Field(1, ge=1)
     sync_offset: int = Field(0, ge=0)
     sync_timeout: float = Field(3600, gt=0)
@@ -38,16 +35,15 @@ class SynchronizerConfig(Section):
     # Log a SHA-256 of the weights at every sync (trainer: what it sent; explorer: what its engines
     # hold after loading), to check bit-exact transfers; costs one pass over the weights.
     weight_digest: bool = False
-
-    @field_validator("sync_method", mode="before")
-    @classmethod
-    def _method_alias(cls, value: Any) -> Any:
-        return normalise_alias(value, SYNC_METHOD_ALIASES)
+    # memory methods: after its first pull an explorer asks for a delta from the version it holds
+    # (XOR of the wire words, zstd, a crc32 per tensor: services/common/weight_sync/delta.py) and keeps
+    # that payload in host memory; false: every pull is the full payload and nothing is kept.
+    delta_sync: bool = True
 
     @field_validator("sync_style", mode="before")
     @classmethod
     def _style_alias(cls, value: Any) -> Any:
-        return normalise_alias(value, SYNC_STYLE_ALIASES)
+        return normalise_alias(value, STYLE_ALIASES)
 
 
 class TrainerConfig(Section):

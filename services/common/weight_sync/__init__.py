@@ -1,7 +1,7 @@
 """Weight transfer from the trainer to the explorers: the transport layer under the synchronizer.
 
 Used by the trainer (sender), the explorers (receivers) and the synchronizer (coordination); it
-imports only torch, safetensors, `services.common` and `rft.v1`. Modules:
+imports only torch, safetensors, zstandard, `services.common` and `rft.v1`. Modules:
 
 - `specs`      `TensorSpec` (name, dtype, shape) <-> `rft.v1.TensorMeta`; `specs_of(state_dict)`, `weights_digest`.
 - `buckets`    byte-packed bucket plan shared by sender and receivers.
@@ -9,12 +9,14 @@ imports only torch, safetensors, `services.common` and `rft.v1`. Modules:
 - `broadcast`  `BroadcastGroup`: rank 0 `send`s bucketed buffers, receivers iterate `receive`.
 - `codec`      safetensors bytes with tied weights and zero-copy decoding.
 - `memory`     `state_dict_to_chunks` / `chunks_to_state_dict` (`rft.v1.WeightChunk`).
+- `delta`      `make_delta` / `apply_delta`: what changed between two payloads (XOR, zstd, crc32).
 - `checkpoint` `CheckpointStore`: atomic versioned files, `latest` marker, pruning.
 - `loading`    `load_weights(model, named_tensors)`: in place, dtype cast, tied weights.
-- `transport`  `WeightTransport` protocol (prepare, build_group, send, receive, finalize),
-               `WEIGHT_TRANSPORTS` registry (`nccl`, `memory`, `checkpoint`), `make_transport`.
+- `transport`  `WeightTransport` protocol (prepare, build_group, send, receive, finalize), the
+               `nccl`, `memory`, `checkpoint` transports, `make_transport(name)`.
 - `method`     `SyncMethod`: one strategy per method (trainer send, explorer fetch, the synchronizer's
-               rules), `SYNC_METHODS` registry, `sync_method(name)`.
+               rules, name, aliases, traits, wire dtype, transport), the one `SYNC_METHODS` registry,
+               `sync_method(name)`.
 - `methods`    the built-in methods `nccl`, `memory`, `checkpoint`; `bf16_wire`: `memory_bf16`.
 - `errors`     `WeightSyncError` and its subclasses.
 """
@@ -23,6 +25,7 @@ from services.common.weight_sync.broadcast import BroadcastGroup, SendStats
 from services.common.weight_sync.checkpoint import CheckpointStore, read_state_dict
 from services.common.weight_sync.errors import (
     CheckpointNotFoundError,
+    DeltaMismatchError,
     GroupBrokenError,
     MissingChunkError,
     StaleGenerationError,
@@ -47,7 +50,6 @@ from services.common.weight_sync.specs import (
     weights_digest,
 )
 from services.common.weight_sync.transport import (
-    WEIGHT_TRANSPORTS,
     Delivery,
     TransportOptions,
     WeightTransport,
@@ -56,11 +58,11 @@ from services.common.weight_sync.transport import (
 
 __all__ = [
     "SYNC_METHODS",
-    "WEIGHT_TRANSPORTS",
     "BroadcastGroup",
     "CheckpointNotFoundError",
     "CheckpointStore",
     "Delivery",
+    "DeltaMismatchError",
     "GroupBrokenError",
     "GroupInfo",
     "MissingChunkError",

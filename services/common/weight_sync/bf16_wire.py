@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 import torch
 
-from services.common.weight_sync.method import SYNC_METHODS
+from services.common.weight_sync.method import register_method
 from services.common.weight_sync.methods import MemoryMethod
 
 __all__ = ["Bf16WireMethod"]
@@ -21,11 +21,11 @@ __all__ = ["Bf16WireMethod"]
 _WIDE = (torch.float32, torch.float64)
 
 
-@SYNC_METHODS.register("memory_bf16")
+@register_method
 class Bf16WireMethod(MemoryMethod):
     name = "memory_bf16"
 
-    def wire_dtype(self, dtype: torch.dtype) -> torch.dtype:
+    def wire_dtype(self, dtype: torch.dtype) -> torch.dtype:  # the wire dtype: bf16 for fp32/fp64
         return torch.bfloat16 if dtype in _WIDE else dtype
 
     def encode(self, state: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:

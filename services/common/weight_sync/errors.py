@@ -4,7 +4,8 @@
 treated as not updated. `GroupBrokenError` means a broadcast group lost a member, timed out or was
 aborted; the group is unusable and the synchronizer rebuilds it with a new generation.
 `StaleGenerationError` means a member tried to join a group instance other than the one it was told
-about. `MissingChunkError` and `CheckpointNotFoundError` belong to the memory and checkpoint methods.
+about. `MissingChunkError` and `CheckpointNotFoundError` belong to the memory and checkpoint methods;
+`DeltaMismatchError` to the memory method's delta pulls (`delta.py`: the receiver then pulls in full).
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ class StaleGenerationError(WeightSyncError):
 
 class MissingChunkError(WeightSyncError):
     """A memory-method chunk stream is incomplete, out of order or inconsistent."""
+
+
+class DeltaMismatchError(WeightSyncError):
+    """A weight delta is malformed or does not apply to the base the receiver holds."""
 
 
 class CheckpointNotFoundError(WeightSyncError, FileNotFoundError):

@@ -22,7 +22,7 @@ import torch
 from safetensors import safe_open
 
 from services.common.weight_sync.errors import WeightSyncError
-from services.common.weight_sync.method import SYNC_METHODS, Fetch, Load, Receiver, WaitAnswer
+from services.common.weight_sync.method import Fetch, Load, Receiver, WaitAnswer, register_method
 from services.common.weight_sync.methods import MemoryMethod
 
 __all__ = ["AdapterFetch", "LoraAdapterMethod", "adapter_targets", "merge_adapter", "read_base_weights"]
@@ -75,7 +75,7 @@ def read_base_weights(folder: str | Path, names: Iterable[str]) -> dict[str, tor
     return found
 
 
-@SYNC_METHODS.register("lora_adapter")
+@register_method
 class LoraAdapterMethod(MemoryMethod):
     name = "lora_adapter"
     state_kind = "adapter"

@@ -13,7 +13,9 @@ straight from a view of the payload (its small header once, the data appended as
 received chunk's data is copied from the wire bytes into the joined buffer without being parsed
 into a message first. Every chunk carries `index`, `total`, `total_bytes` and the version, so the
 receiver detects a missing, repeated, reordered or mixed-version chunk and raises
-`MissingChunkError` naming it.
+`MissingChunkError` naming it. A stream may carry a weight delta instead of the payload (`delta` set,
+against `delta_base_version`; see `delta.py`): `split_chunks(..., delta_base=v)` cuts one and
+`join_raw_chunks` says which of the two it joined.
 """
 
 from __future__ import annotations
@@ -46,8 +48,10 @@ def split_chunks(
     *,
     step: int | None = None,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    delta_base: int | None = None,
 ) -> Iterator[common_pb2.WeightChunk]:
-    """Cut `payload` into `WeightChunk`s of at most `chunk_bytes` (at least one chunk, even if empty)."""
+    """Cut `payload` into `WeightChunk`s of at most `chunk_bytes` (at least one chunk, even if empty);
+    with `delta_base` the payload is a weight delta from that version (the chunks say so)."""
     if chunk_bytes <= 0:
         raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
     mv = memoryview(payload)
@@ -61,6 +65,8 @@ def split_chunks(
             total=total,
             data=bytes(mv[i * chunk_bytes : (i + 1) * chunk_bytes]),
             total_bytes=total_bytes,
+            delta=delta_base is not None,
+            delta_base_version=delta_base or 0,
         )
 
 
@@ -165,6 +171,8 @@ class _WireChunk(NamedTuple):
     total: int
     total_bytes: int
     data: memoryview
+    delta: bool = False
+    delta_base_version: int = 0
 
 
 def encode_raw_chunks(
@@ -201,7 +209,7 @@ def encode_raw_chunks(
 def parse_raw_chunk(raw: bytes | memoryview) -> _WireChunk:
     """The fields of one serialized `WeightChunk`; `data` is a view into `raw` (no copy)."""
     buf = memoryview(raw)
-    pos, index, total, total_bytes = 0, 0, 0, 0
+    pos, index, total, total_bytes, delta, delta_base = 0, 0, 0, 0, 0, 0
     version = common_pb2.ModelVersion()
     data = buf[0:0]
     while pos < len(buf):
@@ -215,6 +223,10 @@ def parse_raw_chunk(raw: bytes | memoryview) -> _WireChunk:
                 total = value
             elif field == 5:
                 total_bytes = value
+            elif field == 6:
+                delta = value
+            elif field == 7:
+                delta_base = value
         elif wire == 2:
             n, pos = _read_varint(buf, pos)
             if pos + n > len(buf):
@@ -230,7 +242,15 @@ def parse_raw_chunk(raw: bytes | memoryview) -> _WireChunk:
             pos += 4
         else:
             raise MissingChunkError(f"WeightChunk field {field} has unsupported wire type {wire}")
-    return _WireChunk(version, _signed32(index), _signed32(total), _signed64(total_bytes), data)
+    return _WireChunk(
+        version,
+        _signed32(index),
+        _signed32(total),
+        _signed64(total_bytes),
+        data,
+        bool(delta),
+        _signed64(delta_base),
+    )
 
 
 def _signed32(v: int) -> int:
@@ -249,3 +269,14 @@ def raw_chunks_to_state_dict(
     version, payload = join_chunks(parse_raw_chunk(r) for r in raws)  # type: ignore[arg-type]
     state_dict, _ = decode_state_dict(payload, device)
     return version, state_dict
+
+
+def join_raw_chunks(raws: Iterable[bytes]) -> tuple[common_pb2.ModelVersion, int | None, bytearray]:
+    """`join_chunks` for serialized chunks: (version, the delta's base version or None for a full
+    payload, the joined data). Every chunk must agree on being a delta and on its base."""
+    parsed = [parse_raw_chunk(r) for r in raws]
+    kinds = {(c.delta, c.delta_base_version) for c in parsed}
+    if len(kinds) > 1:
+        raise MissingChunkError(f"chunks of one stream disagree on being a delta: {sorted(kinds)}")
+    version, payload = join_chunks(parsed)  # type: ignore[arg-type]
+    return version, (parsed[0].delta_base_version if parsed[0].delta else None), payload

@@ -1,4 +1,6 @@
-"""`SyncMethod`: one strategy object per weight-sync method (`synchronizer.sync_method`).
+"""`SyncMethod`: one strategy object per weight-sync method (`synchronizer.sync_method`), and the one
+registry of methods (`SYNC_METHODS`): each entry knows its name and aliases, whether it pushes,
+broadcasts or uses checkpoint files, its wire dtype and its transport (transport.py).
 
 A method owns everything that differs between methods, in one place, for all three roles:
 
@@ -15,10 +17,13 @@ A method owns everything that differs between methods, in one place, for all thr
   `fetch(client, receiver)` - the callable that fetches and loads one version (`Receiver`: the load,
   the broadcast group member, the model folder).
 
-Methods register in `SYNC_METHODS`; `sync_method(name)` returns the (stateless) instance. The
+Methods register in `SYNC_METHODS` (`@register_method`: the class's `name` and `aliases`);
+`sync_method(name)` returns the (stateless) instance, and is called once per service, when its settings
+record is built from the config (services/*/settings.py), so the rest holds the typed object. The
 built-ins are in `methods.py` (`nccl`, `memory`, `checkpoint`), `bf16_wire.py` (`memory_bf16`) and
 `lora_adapter.py` (`lora_adapter`); adding a method is one module plus its line in `BUILTIN_MODULES`. A plug-in method is a
-`package.module:Class` path. No code outside this component compares method names.
+`package.module:Class` path. No code outside this component compares method names
+(tests/unit/common/test_conventions.py). `make_transport(name, options)` builds an entry's transport.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 from rft.v1 import common_pb2, synchronizer_pb2
@@ -34,7 +39,16 @@ from rft.v1 import common_pb2, synchronizer_pb2
 from services.common.registry import Registry
 from services.common.weight_sync.transport import Delivery, TransportOptions, WeightTransport
 
-__all__ = ["BUILTIN_MODULES", "SYNC_METHODS", "Published", "Receiver", "Sender", "SyncMethod", "sync_method"]
+__all__ = [
+    "BUILTIN_MODULES",
+    "SYNC_METHODS",
+    "Published",
+    "Receiver",
+    "Sender",
+    "SyncMethod",
+    "register_method",
+    "sync_method",
+]
 
 Load = Callable[..., Awaitable[Any]]  # load(named_tensors, version, strict=True): into the engines
 WaitAnswer = synchronizer_pb2.WaitForVersionResponse
@@ -78,9 +92,23 @@ class SyncMethod:
     """Base of every method; subclasses set the traits and implement `send` and `fetch`."""
 
     name = ""
+    aliases: tuple[str, ...] = ()  # other names the config may use (Trinity-RFT's online, offline)
     broadcast = False  # the weights travel through a synchronizer-coordinated group
     pushed = False  # the trainer pushes the weights to the synchronizer; explorers pull them
+    checkpoint = False  # the weights travel as safetensors files under the run folder
     state_kind = "full"  # what the trainer gathers to send: "full" (HF names) | "adapter" (LoRA A, B)
+    # the `WeightTransport` class under this method (transport.py; None: a plug-in without one)
+    transport: type[WeightTransport] | None = None
+
+    def make_transport(self, options: TransportOptions | None = None) -> WeightTransport:
+        """This method's transport, built with `options`."""
+        if self.transport is None:
+            raise TypeError(f"weight sync method {self.name!r} has no transport")
+        return self.transport(options or TransportOptions())
+
+    def wire_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The dtype a tensor of `dtype` has on the wire (the training dtype unless the method casts)."""
+        return dtype
 
     # ---- trainer ---------------------------------------------------------------------------------
     def check_sender(self, sender: Sender) -> None:
@@ -92,8 +120,8 @@ class SyncMethod:
         raise NotImplementedError
 
     def wire_bytes(self, state: Mapping[str, torch.Tensor]) -> int:
-        """Bytes of weights this method puts on the wire for `state`."""
-        return sum(t.numel() * t.element_size() for t in state.values())
+        """Bytes of weights this method puts on the wire for `state` (counted from the wire dtypes)."""
+        return sum(t.numel() * self.wire_dtype(t.dtype).itemsize for t in state.values())
 
     def as_received(self, state: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
         """`state` as an explorer holding the same dtypes ends up with (for digests): itself unless
@@ -121,6 +149,15 @@ class SyncMethod:
 
 SYNC_METHODS: Registry[type[SyncMethod]] = Registry("weight sync method")
 _INSTANCES: dict[type[SyncMethod], SyncMethod] = {}
+_M = TypeVar("_M", bound=type[SyncMethod])
+
+
+def register_method(cls: _M) -> _M:
+    """Class decorator: register a method under its `name` and `aliases` (its own: a subclass of a
+    method does not inherit the parent's aliases)."""
+    cls.aliases = tuple(vars(cls).get("aliases", ()))
+    SYNC_METHODS.add(cls.name, cls, *cls.aliases)
+    return cls
 
 
 def known_methods() -> list[str]:
@@ -131,8 +168,8 @@ def known_methods() -> list[str]:
 
 
 def sync_method(name: str | SyncMethod) -> SyncMethod:
-    """The method named `name` (aliases: online -> nccl, offline -> checkpoint; or `pkg.mod:Class`);
-    an unknown name lists the known ones."""
+    """The method named `name` (a name, an alias such as online -> nccl, offline -> checkpoint, or
+    `pkg.mod:Class`); an unknown name lists the known ones."""
     if isinstance(name, SyncMethod):
         return name
     known_methods()

@@ -21,7 +21,6 @@ import torch
 from services.common.weight_sync.checkpoint import read_state_dict
 from services.common.weight_sync.errors import WeightSyncError
 from services.common.weight_sync.method import (
-    SYNC_METHODS,
     Fetch,
     Load,
     Published,
@@ -29,9 +28,15 @@ from services.common.weight_sync.method import (
     Sender,
     SyncMethod,
     WaitAnswer,
+    register_method,
 )
 from services.common.weight_sync.superseded import check_generation, join_unless_superseded
-from services.common.weight_sync.transport import Delivery, make_transport
+from services.common.weight_sync.transport import (
+    CheckpointTransport,
+    Delivery,
+    MemoryTransport,
+    NcclTransport,
+)
 
 __all__ = [
     "BroadcastFetch",
@@ -43,10 +48,12 @@ __all__ = [
 ]
 
 
-@SYNC_METHODS.register("nccl", "online")
+@register_method
 class BroadcastMethod(SyncMethod):
     name = "nccl"
+    aliases = ("online",)
     broadcast = True
+    transport = NcclTransport
 
     def check_sender(self, sender: Sender) -> None:
         if sender.group is None:
@@ -72,10 +79,11 @@ class BroadcastMethod(SyncMethod):
         return BroadcastFetch(client, receiver.group.setup, receiver.group.receive)
 
 
-@SYNC_METHODS.register("memory")
+@register_method
 class MemoryMethod(SyncMethod):
     name = "memory"
     pushed = True
+    transport = MemoryTransport
 
     def check_sender(self, sender: Sender) -> None:
         if sender.push is None:
@@ -84,14 +92,6 @@ class MemoryMethod(SyncMethod):
     def encode(self, state: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
         """The tensors as they go on the wire (subclasses change dtypes)."""
         return state
-
-    def wire_dtype(self, dtype: torch.dtype) -> torch.dtype:
-        """The dtype a tensor of `dtype` has on the wire (what `encode` casts it to)."""
-        return dtype
-
-    def wire_bytes(self, state: Mapping[str, torch.Tensor]) -> int:
-        # counted from the dtypes: no second cast of the whole model after `send` encoded it
-        return sum(t.numel() * self.wire_dtype(t.dtype).itemsize for t in state.values())
 
     def as_received(self, state: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
         wire = self.encode(state)
@@ -102,7 +102,7 @@ class MemoryMethod(SyncMethod):
     ) -> Delivery:
         self.check_sender(sender)
         assert sender.push is not None
-        delivery = make_transport("memory", sender.options).send(version, self.encode(state), step)
+        delivery = self.make_transport(sender.options).send(version, self.encode(state), step)
         await sender.push(delivery.chunks)  # complete: the synchronizer publishes
         return delivery
 
@@ -110,14 +110,17 @@ class MemoryMethod(SyncMethod):
         return MemoryFetch(client, receiver.load)
 
 
-@SYNC_METHODS.register("checkpoint", "offline")
+@register_method
 class CheckpointMethod(SyncMethod):
     name = "checkpoint"
+    aliases = ("offline",)
+    checkpoint = True
+    transport = CheckpointTransport
 
     async def send(
         self, sender: Sender, version: int, step: int, state: Mapping[str, torch.Tensor]
     ) -> Delivery:
-        transport = make_transport("checkpoint", sender.options)
+        transport = self.make_transport(sender.options)
         return await asyncio.to_thread(transport.send, version, state, step)
 
     async def published(self, client: Any, result: Published, generation: int) -> None:
@@ -128,7 +131,8 @@ class CheckpointMethod(SyncMethod):
 
 
 class MemoryFetch:
-    """memory: pull the latest version from the synchronizer and load it."""
+    """memory: pull the latest version from the synchronizer and load it (after the first pull, a
+    delta from the version the client holds when the synchronizer can give one: `SyncClient.pull_weights`)."""
 
     def __init__(self, client: Any, load: Load, device: str | torch.device = "cpu"):
         self.client, self.load, self.device = client, load, device

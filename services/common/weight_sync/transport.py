@@ -12,7 +12,8 @@ Lifecycle, the same for every method (after veRL's checkpoint engine):
 version (the bytes go through the group, and `receive` must run while rank 0 sends); for `memory`
 the `rft.v1.WeightChunk`s (this module encodes and decodes in-process; the gRPC hop belongs to the
 synchronizer service); for `checkpoint` the published file's path (`ModelVersion.checkpoint_path`).
-Plug-ins register a class with `WEIGHT_TRANSPORTS.register("name")` or are given as a dotted path.
+There is one registry of methods (`SYNC_METHODS`, method.py): each method names its transport class
+(`SyncMethod.transport`), and `make_transport(name)` looks the name (or alias) up there.
 `transport_options(config, ...)` is the one mapping from the run config to `TransportOptions`; its
 `backend` is the resolved view's `weight_sync_backend` (gloo where the trainer and the explorer share
 one GPU), the same one the synchronizer hands out in every `GroupInfo`.
@@ -29,7 +30,6 @@ import torch
 from rft.v1 import common_pb2
 
 from services.common.config import RFTConfig, resolve
-from services.common.registry import Registry
 from services.common.weight_sync.broadcast import BroadcastGroup
 from services.common.weight_sync.checkpoint import CheckpointStore, read_state_dict
 from services.common.weight_sync.errors import WeightSyncError
@@ -105,19 +105,18 @@ class WeightTransport(Protocol):
     def finalize(self) -> None: ...
 
 
-WEIGHT_TRANSPORTS: Registry[type] = Registry("weight sync method")
-
-
 def make_transport(name: str, options: TransportOptions | None = None) -> WeightTransport:
-    """`make_transport("nccl", TransportOptions(device="cuda:0"))`; unknown names list the known ones."""
-    return WEIGHT_TRANSPORTS.get(name)(options or TransportOptions())
+    """`make_transport("nccl", TransportOptions(device="cuda:0"))`: the transport of the method of that
+    name in the one method registry (`SYNC_METHODS`); unknown names list the known ones."""
+    from services.common.weight_sync.method import sync_method  # method.py imports this module
+
+    return sync_method(name).make_transport(options)
 
 
 def _step(version: int, step: int | None) -> int:
     return version if step is None else step
 
 
-@WEIGHT_TRANSPORTS.register("nccl", "online")
 class NcclTransport:
     """Broadcast through a stateless torch.distributed group (nccl on CUDA, gloo on CPU)."""
 
@@ -164,7 +163,6 @@ class NcclTransport:
             self.group = None
 
 
-@WEIGHT_TRANSPORTS.register("memory")
 class MemoryTransport:
     """Safetensors chunks in memory; the synchronizer streams them over gRPC."""
 
@@ -196,7 +194,6 @@ class MemoryTransport:
         return None
 
 
-@WEIGHT_TRANSPORTS.register("checkpoint", "offline")
 class CheckpointTransport:
     """Safetensors files under `checkpoint_dir`, published atomically (checkpoint.py)."""
 

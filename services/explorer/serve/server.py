@@ -27,9 +27,10 @@ from rft.v1 import synchronizer_pb2
 
 from services.common.config.explorer import SERVE_URL_FILE as URL_FILE
 from services.common.log import get_logger
+from services.common.sync_away import Backoff, synchronizer_away
 from services.common.sync_client import SyncClient
 from services.common.weight_sync import GroupBrokenError, StaleGenerationError
-from services.common.weight_sync.method import sync_method
+from services.common.weight_sync.method import SyncMethod, sync_method
 
 log = get_logger("explorer.serve")
 
@@ -83,28 +84,25 @@ class HttpServer:
 
 async def follow_weights(
     client: SyncClient, fetch: Callable[[synchronizer_pb2.WaitForVersionResponse], Awaitable[int]],
-    window_s: float,
+    window_s: float, method: SyncMethod | None = None,
 ) -> None:  # fmt: skip
-    """Load every newer published version until the run finishes (module docstring)."""
-    held, backoff = client.model_version, 0.05
+    """Load every newer published version until the run finishes (module docstring). `method`: the
+    run's (ExplorerSettings.sync_method); without it, the one each answer names."""
+    held, backoff = client.model_version, Backoff()
     while True:
         try:
             answer = await client.wait_for_version(min_version=held + 1, timeout_s=window_s)
         except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.NOT_FOUND:  # a restarted synchronizer forgot this member
-                await client.register()
-            elif exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                raise
-            await asyncio.sleep(backoff)  # ok-sleep: the synchronizer is away
-            backoff = min(backoff * 2, 1.0)
+            await synchronizer_away(exc, client.register)
+            await backoff.wait()
             continue
-        backoff = 0.05
+        backoff.reset()
         if answer.finished:
             return
         if answer.timed_out:
             continue
         offered = int(answer.model_version.version)
-        if not sync_method(answer.sync_method).wants(answer, held):
+        if not (method or sync_method(answer.sync_method)).wants(answer, held):
             continue
         try:
             loaded = await fetch(answer)

@@ -76,7 +76,7 @@ async def follow_run(core: ExplorerCore, client: SyncClient | None) -> None:
         raise RuntimeError("serve mode needs the synchronizer's sync gate (attach_synchronizer)")
     code = 0
     try:
-        await follow_weights(client, fetch, core.settings.sync_timeout)
+        await follow_weights(client, fetch, core.settings.sync_timeout, core.settings.sync_method)
         log.info("run finished", model_version=core.model_version)
     except asyncio.CancelledError:
         raise

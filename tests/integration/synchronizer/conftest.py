@@ -7,8 +7,9 @@ import pytest
 
 from services.common.rpc import create_channel, start_server
 from services.common.sync_client import SyncClient
+from services.common.sync_policy import SyncPlan
+from services.common.weight_sync import sync_method
 from services.synchronizer.core import SynchronizerCore
-from services.synchronizer.plan import SyncPlan
 from services.synchronizer.servicer import registration
 from services.synchronizer.settings import SynchronizerSettings
 
@@ -20,7 +21,7 @@ async def sync_server():
 
     async def start(method="memory", style="fixed", interval=1, offset=0, **kw):
         core = SynchronizerCore(
-            SynchronizerSettings(method=method, plan=SyncPlan(style, interval, offset), **kw)
+            SynchronizerSettings(method=sync_method(method), plan=SyncPlan(style, interval, offset), **kw)
         )
         await core.start()
         handle = await start_server([registration(core)], port=0)

@@ -100,9 +100,14 @@ def test_cross_section_rule_suggests_fix():
 
 
 def test_aliases_normalised():
+    """Style aliases normalise at load; a method alias is resolved by the one method registry into the
+    typed method each service's settings record holds (services/common/weight_sync/method.py)."""
+    from services.synchronizer.settings import SynchronizerSettings
+
     config = load_config(text="synchronizer: {sync_method: online, sync_style: dynamic_by_explorer}\n")
-    assert config.synchronizer.sync_method == "nccl"
     assert config.synchronizer.sync_style == "explorer_driven"
+    settings = SynchronizerSettings.from_config(config)
+    assert settings.method.name == "nccl" and settings.plan.style == "explorer_driven"
 
 
 def test_env_interpolation_and_missing_variable():

@@ -57,6 +57,42 @@ def test_registry_has_each_method_with_its_traits():
     assert plugin is sync_method("memory_bf16")
 
 
+def test_one_registry_entry_knows_its_name_aliases_traits_and_wire_dtype():
+    """One registry (the former SYNC_METHODS + WEIGHT_TRANSPORTS and their alias tables): each entry
+    knows its aliases, whether it pushes / broadcasts / uses checkpoint files, and its wire dtype."""
+    entries = {
+        n: (
+            sync_method(n).aliases,
+            sync_method(n).pushed,
+            sync_method(n).broadcast,
+            sync_method(n).checkpoint,
+            sync_method(n).wire_dtype(torch.float32),
+        )
+        for n in SYNC_METHODS.names()
+    }
+    assert entries == {
+        "nccl": (("online",), False, True, False, torch.float32),
+        "memory": ((), True, False, False, torch.float32),
+        "memory_bf16": ((), True, False, False, torch.bfloat16),
+        "lora_adapter": ((), True, False, False, torch.float32),
+        "checkpoint": (("offline",), False, False, True, torch.float32),
+    }
+    assert SYNC_METHODS.names(include_aliases=True) == sorted([*SYNC_METHODS.names(), "offline", "online"])
+    for name in SYNC_METHODS.names(include_aliases=True):
+        method = sync_method(name)
+        assert SYNC_METHODS.canonical_name(name) == method.name and sync_method(method) is method
+    assert sync_method("memory_bf16").wire_dtype(torch.int64) == torch.int64  # integers go as they are
+
+
+def test_an_unknown_method_lists_the_choices():
+    with pytest.raises(UnknownNameError) as info:
+        sync_method("broadcast")
+    message = str(info.value)
+    for name in ("checkpoint", "lora_adapter", "memory", "memory_bf16", "nccl", "offline", "online"):
+        assert name in message
+    assert "package.module:object" in message
+
+
 def test_bf16_on_the_wire_halves_the_bytes_and_keeps_ties_and_integers():
     state = _state()
     memory, bf16 = sync_method("memory"), sync_method("memory_bf16")

@@ -1,4 +1,5 @@
-"""The WeightTransport interface: registry by name and in-process memory/checkpoint transfers."""
+"""The WeightTransport interface: built by method name (the one method registry) and in-process
+memory/checkpoint transfers."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import torch
 
 from services.common.registry import RegistryError
 from services.common.weight_sync import (
-    WEIGHT_TRANSPORTS,
+    SYNC_METHODS,
     Delivery,
     TransportOptions,
     WeightSyncError,
@@ -16,6 +17,7 @@ from services.common.weight_sync import (
     make_transport,
     specs_of,
 )
+from services.common.weight_sync.transport import CheckpointTransport, MemoryTransport, NcclTransport
 
 
 def _model(seed: int) -> torch.nn.Module:
@@ -25,10 +27,18 @@ def _model(seed: int) -> torch.nn.Module:
     return m
 
 
-def test_registry_knows_the_three_methods_and_their_aliases():
-    assert WEIGHT_TRANSPORTS.names() == ["checkpoint", "memory", "nccl"]
-    assert WEIGHT_TRANSPORTS.get("online") is WEIGHT_TRANSPORTS.get("nccl")
-    assert WEIGHT_TRANSPORTS.get("offline") is WEIGHT_TRANSPORTS.get("checkpoint")
+def test_each_method_builds_its_transport_by_name_or_alias(tmp_path):
+    transports = {n: SYNC_METHODS.get(n).transport for n in SYNC_METHODS.names()}
+    assert transports == {
+        "nccl": NcclTransport,
+        "memory": MemoryTransport,
+        "memory_bf16": MemoryTransport,
+        "lora_adapter": MemoryTransport,
+        "checkpoint": CheckpointTransport,
+    }
+    assert isinstance(make_transport("online"), NcclTransport)
+    opts = TransportOptions(checkpoint_dir=str(tmp_path))
+    assert isinstance(make_transport("offline", opts), CheckpointTransport)
     with pytest.raises(RegistryError, match="memory"):
         make_transport("memroy")
 

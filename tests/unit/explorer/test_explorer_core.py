@@ -267,13 +267,15 @@ async def test_steps_wait_on_the_synchronizer_for_the_version_the_plan_needs(tmp
     from services.common.rpc import create_channel, start_server
     from services.common.sync_client import SyncClient
     from services.common.sync_hooks import ExplorerSyncGate
+    from services.common.sync_policy import SyncPlan
     from services.common.weight_sync import Receiver, sync_method
     from services.synchronizer.core import SynchronizerCore
-    from services.synchronizer.plan import SyncPlan
     from services.synchronizer.servicer import registration
     from services.synchronizer.settings import SynchronizerSettings
 
-    sync = SynchronizerCore(SynchronizerSettings(method="checkpoint", plan=SyncPlan("fixed", 1, 1)))
+    sync = SynchronizerCore(
+        SynchronizerSettings(method=sync_method("checkpoint"), plan=SyncPlan("fixed", 1, 1))
+    )
     await sync.start()
     server = await start_server([registration(sync)], port=0)
     clients = [

@@ -8,18 +8,20 @@ import asyncio
 import pytest
 import torch
 
-from services.common.weight_sync import specs_of
+from services.common.sync_policy import SyncPlan
+from services.common.weight_sync import specs_of, sync_method
 from services.synchronizer.core import SynchronizerCore
 from services.synchronizer.errors import NotRegistered, WrongState
 from services.synchronizer.members import MemberStatus, Role
-from services.synchronizer.plan import SyncPlan
 from services.synchronizer.settings import SynchronizerSettings
 
 SPECS = specs_of({"w": torch.zeros(4, 4), "b": torch.zeros(4)})
 
 
 def core_of(method="checkpoint", style="fixed", interval=1, offset=0, **kw) -> SynchronizerCore:
-    return SynchronizerCore(SynchronizerSettings(method=method, plan=SyncPlan(style, interval, offset), **kw))
+    return SynchronizerCore(
+        SynchronizerSettings(method=sync_method(method), plan=SyncPlan(style, interval, offset), **kw)
+    )
 
 
 async def nccl_core(*explorers: str) -> SynchronizerCore:
@@ -209,7 +211,9 @@ async def test_synchronizer_trainer_driven_publishes_on_its_interval_and_explore
 
 async def test_synchronizer_heartbeat_silence_marks_lost_and_rejoin():
     now = [0.0]
-    core = SynchronizerCore(SynchronizerSettings(method="nccl", heartbeat_timeout=5), clock=lambda: now[0])
+    core = SynchronizerCore(
+        SynchronizerSettings(method=sync_method("nccl"), heartbeat_timeout=5), clock=lambda: now[0]
+    )
     await core.register("trainer", Role.TRAINER)
     await core.register("e1", Role.EXPLORER)
     gen = core.rendezvous.generation
@@ -225,7 +229,7 @@ async def test_synchronizer_heartbeat_silence_marks_lost_and_rejoin():
 
 
 async def test_synchronizer_watchdog_marks_lost():
-    core = SynchronizerCore(SynchronizerSettings(method="memory", heartbeat_timeout=0.1))
+    core = SynchronizerCore(SynchronizerSettings(method=sync_method("memory"), heartbeat_timeout=0.1))
     await core.start()
     try:
         await core.register("e1", Role.EXPLORER)

@@ -1,10 +1,12 @@
-"""The sync plan's rules, pinned as tables (Trinity-RFT cadence, reference §1)."""
+"""The sync policy (`services/common/sync_policy.py`): the plan's rules pinned as tables (Trinity-RFT
+cadence, reference §1), and what each service asks of it, per style x offset."""
 
 from __future__ import annotations
 
 import pytest
 
-from services.synchronizer.plan import SyncPlan
+from services.common.config import load_config, resolve
+from services.common.sync_policy import SyncPlan
 
 
 @pytest.mark.parametrize(
@@ -93,3 +95,58 @@ def test_synchronizer_plan_fully_async_trainer_publishes_every_interval():
             last = t
             published.append(t)
     assert published == [3, 6, 9]
+
+
+# style -> (explorer_waits, pipelined at offset 0, pipelined at offset >= 1, explores until the run ends)
+POLICY = {
+    "fixed": (True, False, True, False),
+    "explorer_driven": (True, False, False, False),
+    "trainer_driven": (False, False, False, False),
+    "fully_async": (False, True, True, True),
+}
+
+
+@pytest.mark.parametrize("style", sorted(POLICY))
+@pytest.mark.parametrize("offset", [0, 1, 3])
+@pytest.mark.parametrize("interval", [1, 2])
+def test_policy_answers_per_style_and_offset(style, offset, interval):
+    waits, pipelined_at_0, pipelined_ahead, until_end = POLICY[style]
+    plan = SyncPlan(style, interval, offset)
+    pipelined = pipelined_ahead if offset else pipelined_at_0
+    assert plan.explorer_waits() is waits
+    assert plan.pipelined() is pipelined
+    assert plan.pipeline_every() == (interval if pipelined else 0)
+    assert plan.explores_until_run_ends() is until_end
+    # a style that never waits needs no version at any step
+    if not waits:
+        assert {plan.explorer_required_version(s, 2, 0) for s in range(1, 9)} == {0}
+
+
+@pytest.mark.parametrize("style", sorted(POLICY))
+@pytest.mark.parametrize("offset", [0, 2])
+def test_default_staleness_per_style(style, offset):
+    assert SyncPlan(style, 3, offset).default_staleness() == (12 if style == "fully_async" else None)
+    # a configured bound (staleness_control) wins in every style, 0 included
+    assert SyncPlan(style, 3, offset, staleness=5).default_staleness() == 5
+    assert SyncPlan(style, 3, offset, staleness=0).default_staleness() == 0
+
+
+@pytest.mark.parametrize(
+    ("yaml", "expected"),
+    [
+        ("synchronizer: {sync_style: fixed, sync_interval: 2, sync_offset: 1}", SyncPlan("fixed", 2, 1)),
+        ("synchronizer: {sync_style: dynamic_by_trainer}", SyncPlan("trainer_driven", 1, 0)),
+        ("synchronizer: {sync_style: fully_async, sync_interval: 2}", SyncPlan("fully_async", 2, 0)),
+        (
+            "algorithm: {sample_strategy: staleness_control, sample_strategy_args: {max_staleness: 3}}\n"
+            "synchronizer: {sync_style: fully_async}",
+            SyncPlan("fully_async", 1, 0, staleness=3),
+        ),
+    ],
+)
+def test_plan_from_config_and_the_resolved_bound(yaml, expected):
+    config = load_config(text=yaml)
+    plan = SyncPlan.from_config(config)
+    assert plan == expected
+    assert resolve(config).sync_plan == plan
+    assert resolve(config).max_staleness == plan.default_staleness()

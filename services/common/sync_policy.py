@@ -1,9 +1,16 @@
 """The sync plan: when the trainer publishes and which weights an explorer needs before a step.
 
+One typed policy object (`SyncPlan`) answers every question a service asks about
+`synchronizer.sync_style`; no service compares style names (tests/unit/common/test_conventions.py
+checks it). Built once from the config (`SyncPlan.from_config`) into each service's settings record:
+the synchronizer's core asks `explorer_required_version` / `trainer_should_publish`; the trainer asks
+`pipelined()` (send step k's weights while step k+1 trains) and `default_staleness()` (its lease bound);
+the explorer asks `explores_until_run_ends()`.
+
 Pure functions of the config (`synchronizer.sync_style`, `sync_interval` I, `sync_offset` K) and a
-few counters; the state machine (`core.py`) calls them, tests pin them directly. Versions are in
-trainer steps: the weights published after trainer step t are `model_version` t, and explorer step
-s (1-based) produces the data of trainer step s (Trinity-RFT's meaning, reference §1).
+few counters; the state machine (services/synchronizer/core.py) calls them, tests pin them directly.
+Versions are in trainer steps: the weights published after trainer step t are `model_version` t, and
+explorer step s (1-based) produces the data of trainer step s (Trinity-RFT's meaning, reference §1).
 
 `fixed` (Trinity: the explorer syncs after step s when s > K and (s - K) % I == 0 and waits for a
 version newer than the one it holds; the trainer syncs when its step % I == 0):
@@ -28,7 +35,7 @@ boundary, so sampling never stops for training. Staleness is bounded on the cons
 trainer leases only experiences with `model_version >= its version - max_staleness` (the buffer drops
 older ones), where max_staleness is `algorithm.sample_strategy_args.max_staleness` with
 `sample_strategy: staleness_control`, else 4 x I (4 publishes behind, AReaL's documented
-`max_head_offpolicyness: 4`; `Resolved.max_staleness`). The trainer logs `sample/staleness/{mean,max}`
+`max_head_offpolicyness: 4`; `default_staleness()`). The trainer logs `sample/staleness/{mean,max}`
 (its version minus each trained experience's) and `sample/dropped_stale` per step.
     trainer: publish after step t  <=>  t - last_published >= I
     explorer: required(s) = 0   (sync_offset is not used)
@@ -41,19 +48,32 @@ data).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:  # the config package imports this module (no cycle at run time)
+    from services.common.config import RFTConfig
+
+__all__ = ["FULLY_ASYNC_STALE_PUBLISHES", "STYLES", "STYLE_ALIASES", "SyncPlan", "SyncStyle"]
 
 SyncStyle = Literal["fixed", "explorer_driven", "trainer_driven", "fully_async"]
 STYLES: tuple[str, ...] = ("fixed", "explorer_driven", "trainer_driven", "fully_async")
+STYLE_ALIASES = {"dynamic_by_explorer": "explorer_driven", "dynamic_by_trainer": "trainer_driven"}  # Trinity
 # Styles in which an explorer never blocks on the plan (it takes newer weights when there are some).
-NEVER_WAITS: tuple[str, ...] = ("trainer_driven", "fully_async")
+_NEVER_WAITS: tuple[str, ...] = ("trainer_driven", "fully_async")
+# `sync_style: fully_async` bounds staleness by default at this many publishes (x sync_interval trainer
+# steps) when no `staleness_control` is set: AReaL's documented `max_head_offpolicyness: 4`.
+FULLY_ASYNC_STALE_PUBLISHES = 4
 
 
 @dataclass(frozen=True)
 class SyncPlan:
+    """`synchronizer.sync_style`, `sync_interval`, `sync_offset` and the configured staleness bound
+    (`staleness`: `sample_strategy_args.max_staleness` with `staleness_control`, else None)."""
+
     style: SyncStyle = "fixed"
     interval: int = 1
     offset: int = 0
+    staleness: int | None = None
 
     def __post_init__(self) -> None:
         if self.style not in STYLES:
@@ -62,6 +82,46 @@ class SyncPlan:
             raise ValueError(
                 f"sync_interval must be >= 1 and sync_offset >= 0, got {self.interval}, {self.offset}"
             )
+
+    @classmethod
+    def from_config(cls, config: RFTConfig) -> SyncPlan:
+        s, a = config.synchronizer, config.algorithm
+        staleness = None
+        if a.sample_strategy == "staleness_control":
+            staleness = int((a.sample_strategy_args or {}).get("max_staleness", 0))
+        return cls(s.sync_style, s.sync_interval, s.sync_offset, staleness)
+
+    # ---- what each role asks ---------------------------------------------------------------------
+    def explorer_waits(self) -> bool:
+        """Whether an explorer blocks on the plan before a step (fixed, explorer_driven); in the
+        other styles it takes what is published, when it is."""
+        return self.style not in _NEVER_WAITS
+
+    def pipelined(self) -> bool:
+        """Whether no explorer needs step k's weights before step k+1 ends, so the trainer may send
+        them while step k+1 trains: `fixed` with `sync_offset` >= 1, or `fully_async`.
+        (trainer_driven never waits either, but keeps its synchronous send, as before this object.)"""
+        return self.style == "fully_async" or (self.style == "fixed" and self.offset >= 1)
+
+    def pipeline_every(self) -> int:
+        """Trainer steps between pipelined syncs (0: the trainer syncs in line after a step)."""
+        return self.interval if self.pipelined() else 0
+
+    def explores_until_run_ends(self) -> bool:
+        """`fully_async`: the trainer drops experiences staler than its bound, so an explorer explores
+        past `buffer.total_steps` until the run finishes."""
+        return self.style == "fully_async"
+
+    def default_staleness(self) -> int | None:
+        """Most trainer steps an experience's model_version may lag the trainer's (older ones are
+        dropped by the buffer): the configured `staleness`; with `fully_async` and none configured,
+        FULLY_ASYNC_STALE_PUBLISHES x interval (explorers never wait there, so only this bounds it);
+        else None (no bound)."""
+        if self.staleness is not None:
+            return self.staleness
+        if self.style == "fully_async":
+            return FULLY_ASYNC_STALE_PUBLISHES * self.interval
+        return None
 
     def explorer_required_version(self, step: int, held: int, last_sync_step: int) -> int:
         """The model_version an explorer must hold before running step `step` (1-based).
@@ -74,7 +134,7 @@ class SyncPlan:
             return max(step - 1 - self.offset, 0) // self.interval * self.interval
         if self.style == "explorer_driven":
             return held + 1 if (step - 1) - last_sync_step >= self.interval else 0
-        return 0  # NEVER_WAITS: the explorer takes what is published, when it is
+        return 0  # never waits: the explorer takes what is published, when it is
 
     def trainer_should_publish(self, step: int, last_published_step: int, explorer_requires: bool) -> bool:
         """Whether the trainer publishes its weights after finishing step `step`.
@@ -87,6 +147,6 @@ class SyncPlan:
             return False
         if self.style == "fixed":
             return step % self.interval == 0
-        if self.style in NEVER_WAITS:
+        if not self.explorer_waits():
             return step - last_published_step >= self.interval
         return False
