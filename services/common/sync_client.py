@@ -100,6 +100,9 @@ class SyncClient:
         self._task: asyncio.Task[None] | None = None
         self._held: tuple[int, bytearray] | None = None  # memory: the last payload pulled, its version
         self.pulled_bytes_full = self.pulled_bytes_delta = self.delta_fallbacks = 0
+        # fan-out (synchronizer.fanout > 0): this explorer's weight relay (`relay_rpc.ServedRelay`, set by
+        # `relay_fetch.explorer_fetch`): its address is registered, and it is closed with the client
+        self.relay = None
 
     @classmethod
     def from_config(
@@ -127,6 +130,7 @@ class SyncClient:
             member_id=self.member_id, role=ROLES[self.role], status=Status.MEMBER_STATUS_RUNNING,
             step=self.step, model_version=self.model_version, address=self.address, workers=self.workers,
             weight_sync_port=self.weight_sync_port,
+            relay_address=self.relay.address if self.relay is not None else "",
         )  # fmt: skip
         resp = await self.stub.Register(
             synchronizer_pb2.RegisterRequest(member=member), timeout=self.timeout_s
@@ -191,6 +195,9 @@ class SyncClient:
 
     async def close(self) -> None:
         await self.stop(status=0)
+        if self.relay is not None:
+            relay, self.relay = self.relay, None
+            await relay.close()
         if self.owns_channel:
             await self.channel.close()
 

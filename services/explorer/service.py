@@ -49,6 +49,7 @@ from services.common.sync_away import Backoff, synchronizer_away
 from services.common.sync_client import RunFinished, SyncClient, SyncWaitTimeout
 from services.common.sync_hooks import ExplorerSyncGate
 from services.common.weight_sync.method import Receiver
+from services.common.weight_sync.relay_fetch import explorer_fetch
 from services.explorer.auxiliary import build_auxiliary_models
 from services.explorer.core import ExplorerCore, find_checkpoints
 from services.explorer.engines import build_engines
@@ -173,7 +174,8 @@ async def attach_synchronizer(
     method = core.settings.sync_method  # resolved once from the config (ExplorerSettings)
     rollout = config.explorer.rollout_model
     model_path = str(rollout.model_path or config.model.model_path)  # the engines' base weights
-    fetch = method.fetch(client, Receiver(core.load_weights, receiver, model_path))
+    # the method's fetch; through a weight relay served beside this explorer with synchronizer.fanout > 0
+    fetch = await explorer_fetch(config, method, client, Receiver(core.load_weights, receiver, model_path))
     inflight = config.explorer.inflight_weight_update and config.mode != "serve"
     if inflight:  # the gate and the in-flight follower share one fetch (inflight.py)
         fetch = serialised(fetch, lambda: core.model_version)

@@ -25,6 +25,7 @@ from services.synchronizer.core import SynchronizerCore
 from services.synchronizer.errors import InvalidArgument, NotRegistered, WrongState
 from services.synchronizer.members import MemberStatus, Role
 from services.synchronizer.records import Published
+from services.synchronizer.weight_tree import WeightTree
 from services.synchronizer.weights import PushAssembly
 
 SERVICE_NAME = "rft.v1.SynchronizerService"
@@ -58,6 +59,8 @@ class SynchronizerServicer(synchronizer_pb2_grpc.SynchronizerServiceServicer):
     def __init__(self, core: SynchronizerCore, on_shutdown: Callable[[], None] | None = None):
         self.core = core
         self.on_shutdown = on_shutdown
+        s = core.settings  # the fan-out tree of a pushed method (weight_tree.py); fanout 0: star
+        self.tree = WeightTree(s.fanout if s.method.pushed else 0)
 
     async def Register(self, request, context):
         m = request.member
@@ -69,6 +72,7 @@ class SynchronizerServicer(synchronizer_pb2_grpc.SynchronizerServiceServicer):
             )  # fmt: skip
 
         published = await _guard(context, call)
+        self.tree.note(m.member_id, m.relay_address)
         s = self.core.settings
         return synchronizer_pb2.RegisterResponse(
             model_version=_version(published),
@@ -134,6 +138,7 @@ class SynchronizerServicer(synchronizer_pb2_grpc.SynchronizerServiceServicer):
             model_version=_version(r.published), timed_out=r.timed_out, required_version=r.required,
             receive_broadcast=r.receive_broadcast, generation=r.generation,
             sync_method=self.core.settings.method.name, finished=r.finished,
+            weight_sources=self.tree.sources(self.core.members.values(), request.member_id),
         )  # fmt: skip
 
     async def GetWeightSyncInfo(self, request, context):

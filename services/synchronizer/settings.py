@@ -24,6 +24,7 @@ class SynchronizerSettings:
     bucket_bytes: int = 64 << 20
     chunk_bytes: int = 4 << 20
     backend: str = "auto"
+    fanout: int = 0  # pushed methods: 0 = star; k = explorers relay versions down a k-ary tree
 
     @classmethod
     def from_config(cls, config: RFTConfig) -> SynchronizerSettings:
@@ -36,4 +37,5 @@ class SynchronizerSettings:
             bucket_bytes=s.bucket_bytes,
             chunk_bytes=s.chunk_bytes,
             backend=resolve(config).weight_sync_backend,  # gloo where trainer and explorer share a GPU
+            fanout=s.fanout,
         )

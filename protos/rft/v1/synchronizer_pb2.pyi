@@ -18,7 +18,7 @@ MEMBER_ROLE_TRAINER: MemberRole
 MEMBER_ROLE_EXPLORER: MemberRole
 
 class Member(_message.Message):
-    __slots__ = ("member_id", "role", "status", "step", "model_version", "address", "workers", "last_heartbeat_ms", "weight_sync_port")
+    __slots__ = ("member_id", "role", "status", "step", "model_version", "address", "workers", "last_heartbeat_ms", "weight_sync_port", "relay_address")
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -28,6 +28,7 @@ class Member(_message.Message):
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     LAST_HEARTBEAT_MS_FIELD_NUMBER: _ClassVar[int]
     WEIGHT_SYNC_PORT_FIELD_NUMBER: _ClassVar[int]
+    RELAY_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     member_id: str
     role: MemberRole
     status: _common_pb2.MemberStatus
@@ -37,7 +38,8 @@ class Member(_message.Message):
     workers: int
     last_heartbeat_ms: int
     weight_sync_port: int
-    def __init__(self, member_id: _Optional[str] = ..., role: _Optional[_Union[MemberRole, str]] = ..., status: _Optional[_Union[_common_pb2.MemberStatus, str]] = ..., step: _Optional[int] = ..., model_version: _Optional[int] = ..., address: _Optional[str] = ..., workers: _Optional[int] = ..., last_heartbeat_ms: _Optional[int] = ..., weight_sync_port: _Optional[int] = ...) -> None: ...
+    relay_address: str
+    def __init__(self, member_id: _Optional[str] = ..., role: _Optional[_Union[MemberRole, str]] = ..., status: _Optional[_Union[_common_pb2.MemberStatus, str]] = ..., step: _Optional[int] = ..., model_version: _Optional[int] = ..., address: _Optional[str] = ..., workers: _Optional[int] = ..., last_heartbeat_ms: _Optional[int] = ..., weight_sync_port: _Optional[int] = ..., relay_address: _Optional[str] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
     __slots__ = ("member",)
@@ -159,7 +161,7 @@ class WaitForVersionRequest(_message.Message):
     def __init__(self, member_id: _Optional[str] = ..., min_version: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., step: _Optional[int] = ...) -> None: ...
 
 class WaitForVersionResponse(_message.Message):
-    __slots__ = ("model_version", "timed_out", "required_version", "receive_broadcast", "generation", "sync_method", "finished")
+    __slots__ = ("model_version", "timed_out", "required_version", "receive_broadcast", "generation", "sync_method", "finished", "weight_sources")
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     TIMED_OUT_FIELD_NUMBER: _ClassVar[int]
     REQUIRED_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -167,6 +169,7 @@ class WaitForVersionResponse(_message.Message):
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     SYNC_METHOD_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_SOURCES_FIELD_NUMBER: _ClassVar[int]
     model_version: _common_pb2.ModelVersion
     timed_out: bool
     required_version: int
@@ -174,7 +177,8 @@ class WaitForVersionResponse(_message.Message):
     generation: int
     sync_method: str
     finished: bool
-    def __init__(self, model_version: _Optional[_Union[_common_pb2.ModelVersion, _Mapping]] = ..., timed_out: _Optional[bool] = ..., required_version: _Optional[int] = ..., receive_broadcast: _Optional[bool] = ..., generation: _Optional[int] = ..., sync_method: _Optional[str] = ..., finished: _Optional[bool] = ...) -> None: ...
+    weight_sources: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, model_version: _Optional[_Union[_common_pb2.ModelVersion, _Mapping]] = ..., timed_out: _Optional[bool] = ..., required_version: _Optional[int] = ..., receive_broadcast: _Optional[bool] = ..., generation: _Optional[int] = ..., sync_method: _Optional[str] = ..., finished: _Optional[bool] = ..., weight_sources: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SyncGroupRequest(_message.Message):
     __slots__ = ("member_id", "tensors")

@@ -39,6 +39,11 @@ class SynchronizerConfig(Section):
     # (XOR of the wire words, zstd, a crc32 per tensor: services/common/weight_sync/delta.py) and keeps
     # that payload in host memory; false: every pull is the full payload and nothing is kept.
     delta_sync: bool = True
+    # Pushed methods (memory, memory_bf16, lora_adapter): 0 = every explorer pulls each version from the
+    # synchronizer (star); k = explorers relay it to each other down a k-ary tree rooted at the
+    # synchronizer, which then sends k copies whatever the number of explorers
+    # (services/common/weight_sync/fanout.py, relay.py, relay_fetch.py).
+    fanout: int = Field(0, ge=0)
 
     @field_validator("sync_style", mode="before")
     @classmethod

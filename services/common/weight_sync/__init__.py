@@ -10,6 +10,10 @@ imports only torch, safetensors, zstandard, `services.common` and `rft.v1`. Modu
 - `codec`      safetensors bytes with tied weights and zero-copy decoding.
 - `memory`     `state_dict_to_chunks` / `chunks_to_state_dict` (`rft.v1.WeightChunk`).
 - `delta`      `make_delta` / `apply_delta`: what changed between two payloads (XOR, zstd, crc32).
+- `fanout`     `plan_tree`: the k-ary tree explorers relay versions down (`synchronizer.fanout`).
+- `relay`      `RelayStore` / `pull_version`: chunks forwarded as they arrive, re-parenting on failure.
+- `relay_rpc`  the relay's `PullWeights` server (grpc), `PeerSources`, `RelayNode`, `serve_relay`.
+- `relay_fetch` the explorer's fetch through its relay (`explorer_fetch`), falling back to the method's.
 - `checkpoint` `CheckpointStore`: atomic versioned files, `latest` marker, pruning.
 - `loading`    `load_weights(model, named_tensors)`: in place, dtype cast, tied weights.
 - `transport`  `WeightTransport` protocol (prepare, build_group, send, receive, finalize), the

@@ -120,6 +120,7 @@ class RunHarness:
         interval: int = 1,
         sync_timeout: float = 120,
         heartbeat_timeout: float = 6,
+        fanout: int = 0,
     ) -> Path:
         """Each of the two explorers gets `steps_per_explorer` steps of data (its shard of the
         taskset); no `total_steps`, so the run ends when the data does and the trainer drained it."""
@@ -153,6 +154,7 @@ synchronizer:
   sync_timeout: {sync_timeout}
   heartbeat_timeout: {heartbeat_timeout}
   weight_digest: true
+  fanout: {fanout}
 monitor: {{monitor_type: none}}
 log: {{format: json}}
 """

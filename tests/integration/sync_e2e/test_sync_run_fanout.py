@@ -1,0 +1,31 @@
+"""The memory method with `synchronizer.fanout: 1` across five processes (synchronizer, buffer,
+trainer, two explorers): each explorer serves a weight relay, the synchronizer chains them (the first
+to register pulls from the synchronizer, the other from the first's relay), and every version still
+arrives bit for bit (SHA-256 of what the trainer sent == of what each explorer's engine holds)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.sync_e2e.conftest import RunHarness
+from tests.integration.sync_e2e.test_sync_run_processes import _check_end, _check_weights
+
+pytestmark = pytest.mark.slow
+
+
+def test_sync_run_fanout_relays_bit_exact_weights(run: RunHarness):
+    steps = 3
+    run.write_config("memory", steps_per_explorer=steps, fanout=1)
+    run.start_core()
+    procs = [run.start_trainer(), run.start_explorer(0), run.start_explorer(1)]
+    for proc in procs:
+        assert proc.wait(240) == 0, proc.tail()
+    _check_weights(run, procs[1:])
+    chains = set()
+    for proc in procs[1:]:
+        events = [line.get("event") for line in proc.lines()]
+        assert "weight relay serving" in events, proc.tail()
+        assert "relay fetch failed; pulling from the synchronizer" not in events, proc.tail()
+        chains |= {line["relays"] for line in proc.lines() if line.get("event") == "weights relayed"}
+    assert chains == {0, 1}  # one explorer pulled from the synchronizer, the other from its relay
+    _check_end(run, 2 * steps)
