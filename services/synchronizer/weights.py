@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from services.common.log import get_logger
 from services.common.weight_sync import MissingChunkError
 from services.common.weight_sync.delta import make_delta, read_delta_header
-from services.common.weight_sync.memory import DEFAULT_CHUNK_BYTES, parse_raw_chunk, split_chunks
+from services.common.weight_sync.memory import DEFAULT_CHUNK_BYTES, StreamCheck, parse_raw_chunk, split_chunks
 
 log = get_logger("synchronizer.weights")
 
@@ -39,49 +39,35 @@ class StoredWeights:
 
 
 class PushAssembly:
-    """Collects one pushed stream; `add` checks each chunk's header, `finish` checks completeness."""
+    """Collects one pushed stream; `add` checks each chunk's header (`StreamCheck`, as every receiver
+    of a chunk stream does), `finish` checks completeness."""
 
     def __init__(self) -> None:
-        self.version: int | None = None
-        self.step = 0
-        self.total = 0
-        self.total_bytes = 0
-        self._received = 0
+        self.check = StreamCheck()
         self._chunks: list[bytes] = []
+
+    @property
+    def total_bytes(self) -> int:
+        return self.check.total_bytes
 
     def add(
         self, *, version: int, step: int, index: int, total: int, total_bytes: int, nbytes: int, raw: bytes
     ) -> None:
-        if self.version is None:
-            if total < 1 or total_bytes < 0:
-                raise MissingChunkError(f"chunk 0 declares total={total}, total_bytes={total_bytes}")
-            self.version, self.step, self.total, self.total_bytes = version, step, total, total_bytes
-        elif (version, total, total_bytes) != (self.version, self.total, self.total_bytes):
-            raise MissingChunkError(
-                f"chunk {index} (version {version}, total {total}) does not belong to the stream of "
-                f"version {self.version} (total {self.total})"
-            )
-        if index != len(self._chunks):
-            what = "missing" if index > len(self._chunks) else "repeated or out of order"
-            raise MissingChunkError(
-                f"version {version}: expected chunk {len(self._chunks)}, got {index} ({what})"
-            )
-        self._received += nbytes
-        if self._received > self.total_bytes:
-            raise MissingChunkError(
-                f"version {version}: chunk {index} overflows total_bytes {self.total_bytes}"
-            )
+        self.check.add(
+            version=version, step=step, index=index, total=total, total_bytes=total_bytes, nbytes=nbytes
+        )
         self._chunks.append(raw)
 
     def finish(self) -> StoredWeights:
-        if self.version is None:
+        c = self.check
+        if c.count == 0:
             raise MissingChunkError("empty push: no chunk arrived")
-        if len(self._chunks) != self.total or self._received != self.total_bytes:
+        if not c.complete:
             raise MissingChunkError(
-                f"version {self.version}: stream ended after {len(self._chunks)} of {self.total} chunks "
-                f"({self._received} of {self.total_bytes} bytes)"
+                f"version {c.version}: stream ended after {c.count} of {c.total} chunks "
+                f"({c.received} of {c.total_bytes} bytes)"
             )
-        return StoredWeights(self.version, self.step, tuple(self._chunks), self.total_bytes)
+        return StoredWeights(c.version, c.step, tuple(self._chunks), c.total_bytes)
 
 
 def _payload(stored: StoredWeights) -> bytes:

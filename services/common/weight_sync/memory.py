@@ -21,6 +21,7 @@ against `delta_base_version`; see `delta.py`): `split_chunks(..., delta_base=v)`
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -34,6 +35,44 @@ from services.common.weight_sync.codec import (
 from services.common.weight_sync.errors import MissingChunkError
 
 DEFAULT_CHUNK_BYTES = 1 << 20
+
+
+@dataclass
+class StreamCheck:
+    """The checks a receiver of a chunk stream makes chunk by chunk (the synchronizer's push, a relay's
+    pull): one version and total throughout, indices 0..total-1 in order, at most `total_bytes` bytes;
+    `complete` once all `total` chunks and exactly `total_bytes` bytes are in."""
+
+    version: int = 0
+    step: int = 0
+    total: int = 0
+    total_bytes: int = 0
+    count: int = 0
+    received: int = 0
+
+    def add(self, *, version: int, step: int, index: int, total: int, total_bytes: int, nbytes: int) -> None:
+        if self.count == 0:
+            if total < 1 or total_bytes < 0:
+                raise MissingChunkError(f"chunk 0 declares total={total}, total_bytes={total_bytes}")
+            self.version, self.step, self.total, self.total_bytes = version, step, total, total_bytes
+        elif (version, total, total_bytes) != (self.version, self.total, self.total_bytes):
+            raise MissingChunkError(
+                f"chunk {index} (version {version}, total {total}) does not belong to the stream of "
+                f"version {self.version} (total {self.total})"
+            )
+        if index != self.count:
+            what = "missing" if index > self.count else "repeated or out of order"
+            raise MissingChunkError(f"version {version}: expected chunk {self.count}, got {index} ({what})")
+        if self.received + nbytes > self.total_bytes:
+            raise MissingChunkError(
+                f"version {version}: chunk {index} overflows total_bytes {self.total_bytes}"
+            )
+        self.count += 1
+        self.received += nbytes
+
+    @property
+    def complete(self) -> bool:
+        return self.count > 0 and self.count == self.total and self.received == self.total_bytes
 
 
 def _model_version(version: int | common_pb2.ModelVersion, step: int | None) -> common_pb2.ModelVersion:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 from services.common.log import get_logger
 from services.common.weight_sync.errors import MissingChunkError, WeightSyncError
-from services.common.weight_sync.memory import parse_raw_chunk
+from services.common.weight_sync.memory import StreamCheck, parse_raw_chunk
 
 log = get_logger("weight_sync.relay")
 
@@ -49,18 +49,13 @@ class VersionNotHeld(WeightSyncError, LookupError):
 
 
 @dataclass
-class ChunkCheck:
-    """Checks a stream's chunks one by one (as `PushAssembly` does for a push) and counts its bytes."""
+class ChunkCheck(StreamCheck):
+    """`StreamCheck` over raw chunks (as the synchronizer's `PushAssembly` checks a push), refusing
+    deltas and, with `expect`, chunks of another version."""
 
     expect: int = 0  # the version the stream must carry (0 = any)
-    version: int = 0
-    step: int = 0
-    total: int = 0
-    total_bytes: int = 0
-    count: int = 0
-    received: int = 0
 
-    def add(self, raw: bytes) -> None:
+    def add(self, raw: bytes) -> None:  # type: ignore[override]
         c = parse_raw_chunk(raw)
         if c.delta:
             raise MissingChunkError(f"chunk {c.index} is a delta (from version {c.delta_base_version}): "
@@ -69,32 +64,10 @@ class ChunkCheck:
             raise MissingChunkError(
                 f"asked for version {self.expect}, chunk {c.index} is of version {c.version.version}"
             )
-        if self.count == 0:
-            if c.total < 1 or c.total_bytes < 0:
-                raise MissingChunkError(f"chunk 0 declares total={c.total}, total_bytes={c.total_bytes}")
-            self.version, self.step, self.total, self.total_bytes = (
-                c.version.version, c.version.step, c.total, c.total_bytes,
-            )  # fmt: skip
-        elif (c.version.version, c.total, c.total_bytes) != (self.version, self.total, self.total_bytes):
-            raise MissingChunkError(
-                f"chunk {c.index} (version {c.version.version}, total {c.total}) does not belong to the "
-                f"stream of version {self.version} (total {self.total})"
-            )
-        if c.index != self.count:
-            what = "missing" if c.index > self.count else "repeated or out of order"
-            raise MissingChunkError(
-                f"version {self.version}: expected chunk {self.count}, got {c.index} ({what})"
-            )
-        if self.received + len(c.data) > self.total_bytes:
-            raise MissingChunkError(
-                f"version {self.version}: chunk {c.index} overflows total_bytes {self.total_bytes}"
-            )
-        self.count += 1
-        self.received += len(c.data)
-
-    @property
-    def complete(self) -> bool:
-        return self.count > 0 and self.count == self.total and self.received == self.total_bytes
+        super().add(
+            version=c.version.version, step=c.version.step, index=c.index, total=c.total,
+            total_bytes=c.total_bytes, nbytes=len(c.data),
+        )  # fmt: skip
 
 
 @dataclass(eq=False)
