@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Literal
 
@@ -35,7 +36,7 @@ from rft.v1 import common_pb2, synchronizer_pb2, synchronizer_pb2_grpc
 
 from services.common.log import get_logger
 from services.common.rpc import create_channel
-from services.common.sync_away import synchronizer_away
+from services.common.sync_away import Backoff, synchronizer_away
 from services.common.weight_sync import GroupInfo, TensorSpec, WeightSyncError, specs_to_proto
 from services.common.weight_sync.codec import decode_state_dict
 from services.common.weight_sync.delta import apply_delta
@@ -238,6 +239,28 @@ class SyncClient:
             member_id=self.member_id, version=version, ok=ok, generation=generation, message=message[:2000]
         )
         return await self.stub.ReportSync(req, timeout=self.timeout_s)
+
+    async def report_load(
+        self, version: int, ok: bool, generation: int = 0, message: str = "", within_s: float | None = None
+    ) -> None:
+        """An explorer's `report_sync` of a load that survives a synchronizer away or restarted: while it
+        is away the report is retried for at most `within_s` (default: the sync timeout), then dropped
+        with a warning; a restarted one that forgot this member (NOT_FOUND) hears the held version by
+        the registration instead (`report_sync` recorded it first), so the report is done then. Any
+        other error is raised."""
+        deadline, backoff = time.monotonic() + (within_s or self.sync_timeout_s), Backoff()
+        while True:
+            try:
+                await self.report_sync(version, ok, generation, message)
+                return
+            except grpc.aio.AioRpcError as exc:
+                await synchronizer_away(exc, self.register)
+                if exc.code() == grpc.StatusCode.NOT_FOUND:
+                    return
+                if time.monotonic() >= deadline:
+                    log.warning("load report not delivered", version=version, ok=ok, code=exc.code().name)
+                    return
+                await backoff.wait(deadline - time.monotonic())
 
     async def get_run_state(self) -> synchronizer_pb2.RunState:
         return await self.stub.GetRunState(synchronizer_pb2.GetRunStateRequest(), timeout=self.timeout_s)

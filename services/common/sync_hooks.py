@@ -49,7 +49,7 @@ from typing import Any
 import grpc
 from rft.v1 import common_pb2, synchronizer_pb2
 
-from services.common.sync_away import Backoff, synchronizer_away
+from services.common.sync_away import Backoff, is_away, synchronizer_away
 from services.common.sync_client import RunFinished, SyncClient, SyncWaitTimeout
 from services.common.weight_sync import GroupBrokenError, StaleGenerationError, TensorSpec
 from services.common.weight_sync.method import Published, SyncMethod, WaitAnswer, sync_method
@@ -243,9 +243,16 @@ class ExplorerSyncGate:
                 t_fetch = time.perf_counter()
                 try:
                     loaded = await self.fetch(answer)
+                except grpc.aio.AioRpcError as exc:
+                    if not is_away(exc):
+                        raise
+                    # the synchronizer stopped, restarted (it lost the payload) or moved on to a newer
+                    # version while this explorer pulled: ask again, as when a wait finds it away
+                    await backoff.wait(deadline - time.monotonic())
+                    continue
                 except Exception as exc:
-                    await self.client.report_sync(
-                        offered, False, answer.generation, f"{type(exc).__name__}: {exc}"
+                    await self.client.report_load(
+                        offered, False, answer.generation, f"{type(exc).__name__}: {exc}", self.timeout_s
                     )
                     if not isinstance(exc, (GroupBrokenError, StaleGenerationError)):
                         raise
@@ -260,10 +267,10 @@ class ExplorerSyncGate:
                 if self.held >= answer.required_version:
                     # the step may start now: the success report goes out while it samples
                     self._report = asyncio.create_task(
-                        self.client.report_sync(loaded, True, answer.generation)
+                        self.client.report_load(loaded, True, answer.generation, within_s=self.timeout_s)
                     )
                     return
-                await self.client.report_sync(loaded, True, answer.generation)
+                await self.client.report_load(loaded, True, answer.generation, within_s=self.timeout_s)
             if self.held >= answer.required_version:
                 return
 

@@ -119,14 +119,14 @@ class InflightFollower:
         try:
             loaded = await self.fetch(answer)
         except (GroupBrokenError, StaleGenerationError) as exc:  # the group changed: the next one comes
-            await self.client.report_sync(offered, False, answer.generation, f"{type(exc).__name__}: {exc}")
+            await self.client.report_load(offered, False, answer.generation, f"{type(exc).__name__}: {exc}")
             return
         except Exception as exc:
             log.warning("in-flight weight load failed", version=offered, error=f"{type(exc).__name__}: {exc}")
-            await self.client.report_sync(offered, False, answer.generation, f"{type(exc).__name__}: {exc}")
+            await self.client.report_load(offered, False, answer.generation, f"{type(exc).__name__}: {exc}")
             return
         self.loads += 1
-        await self.client.report_sync(loaded, True, answer.generation)
+        await self.client.report_load(loaded, True, answer.generation)
         log.info("in-flight weights loaded", version=loaded)
 
 

@@ -27,7 +27,7 @@ from rft.v1 import synchronizer_pb2
 
 from services.common.config.explorer import SERVE_URL_FILE as URL_FILE
 from services.common.log import get_logger
-from services.common.sync_away import Backoff, synchronizer_away
+from services.common.sync_away import Backoff, is_away, synchronizer_away
 from services.common.sync_client import SyncClient
 from services.common.weight_sync import GroupBrokenError, StaleGenerationError
 from services.common.weight_sync.method import SyncMethod, sync_method
@@ -107,8 +107,13 @@ async def follow_weights(
         try:
             loaded = await fetch(answer)
         except (GroupBrokenError, StaleGenerationError) as exc:  # the next generation sends again
-            await client.report_sync(offered, False, answer.generation, f"{type(exc).__name__}: {exc}")
+            await client.report_load(offered, False, answer.generation, f"{type(exc).__name__}: {exc}")
+            continue
+        except grpc.aio.AioRpcError as exc:  # the synchronizer went away or moved on mid-pull: ask again
+            if not is_away(exc):
+                raise
+            await backoff.wait()
             continue
         held = max(held, loaded)
-        await client.report_sync(loaded, True, answer.generation)
+        await client.report_load(loaded, True, answer.generation)
         log.info("serving new weights", model_version=loaded)

@@ -35,7 +35,7 @@ class FakeClient:
         self.asked.append(min_version)
         return await self.answers.get()
 
-    async def report_sync(self, version, ok=True, generation=0, message=""):
+    async def report_load(self, version, ok=True, generation=0, message="", within_s=None):
         self.reports.append((version, ok))
 
 
