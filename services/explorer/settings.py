@@ -85,6 +85,6 @@ class ExplorerSettings:
             weight_digest=config.synchronizer.weight_digest,
             sync_timeout=config.synchronizer.sync_timeout,
             resolved=res,
-            sync_method=sync_method(config.synchronizer.sync_method),
+            sync_method=sync_method(config.synchronizer.sync_method, config.synchronizer.wire_dtype),
             sync_plan=res.sync_plan,
         )

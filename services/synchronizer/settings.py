@@ -30,7 +30,7 @@ class SynchronizerSettings:
     def from_config(cls, config: RFTConfig) -> SynchronizerSettings:
         s = config.synchronizer
         return cls(
-            method=sync_method(s.sync_method),  # an unknown name raises, listing the known ones
+            method=sync_method(s.sync_method, s.wire_dtype),  # an unknown name raises, listing the known ones
             plan=resolve(config).sync_plan,
             sync_timeout=s.sync_timeout,
             heartbeat_timeout=s.heartbeat_timeout,

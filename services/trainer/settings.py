@@ -271,6 +271,6 @@ class TrainerSettings:
             lora=LoraSettings.from_config(config.model.lora_configs[0])
             if config.model.lora_configs
             else None,
-            sync_method=sync_method(config.synchronizer.sync_method),
+            sync_method=sync_method(config.synchronizer.sync_method, config.synchronizer.wire_dtype),
             sync_plan=res.sync_plan,
         )

@@ -134,7 +134,7 @@ class WeightSync:
 
     async def specs(self) -> tuple[TensorSpec, ...]:
         if self._specs is None:
-            self._specs = tuple(specs_of(await self._gather()))
+            self._specs = tuple(specs_of(self.method.encode(await self._gather())))  # as broadcast
         return self._specs
 
     async def get_info(self, receivers: int) -> GroupInfo:

@@ -35,6 +35,11 @@ class SynchronizerConfig(Section):
     # Log a SHA-256 of the weights at every sync (trainer: what it sent; explorer: what its engines
     # hold after loading), to check bit-exact transfers; costs one pass over the weights.
     weight_digest: bool = False
+    # The dtype weights travel in, for every method: `auto` = the trainer's training compute dtype (bf16
+    # where it trains in bf16 mixed precision on CUDA, fp32 on CPU); `bfloat16` = fp32/fp64 tensors are
+    # cast to bf16 before they are sent (half the bytes; the opt-in for fp32 training). Receivers cast
+    # what arrives to their engine's dtype. `sync_method: memory_bf16` is `memory` with `bfloat16`.
+    wire_dtype: Literal["auto", "bfloat16"] = "auto"
     # memory methods: after its first pull an explorer asks for a delta from the version it holds
     # (XOR of the wire words, zstd, a crc32 per tensor: services/common/weight_sync/delta.py) and keeps
     # that payload in host memory; false: every pull is the full payload and nothing is kept.

@@ -28,6 +28,7 @@ built-ins are in `methods.py` (`nccl`, `memory`, `checkpoint`), `bf16_wire.py` (
 
 from __future__ import annotations
 
+import copy
 import importlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ from services.common.registry import Registry
 from services.common.weight_sync.transport import Delivery, TransportOptions, WeightTransport
 
 __all__ = [
+    "BF16",
     "BUILTIN_MODULES",
     "SYNC_METHODS",
     "Published",
@@ -50,6 +52,9 @@ __all__ = [
     "sync_method",
 ]
 
+BF16 = "bfloat16"
+WIRE_DTYPES = ("auto", BF16)  # synchronizer.wire_dtype
+WIDE_DTYPES = (torch.float32, torch.float64)  # what a bf16 wire casts
 Load = Callable[..., Awaitable[Any]]  # load(named_tensors, version, strict=True): into the engines
 WaitAnswer = synchronizer_pb2.WaitForVersionResponse
 Fetch = Callable[[WaitAnswer], Awaitable[int]]
@@ -92,6 +97,7 @@ class SyncMethod:
     """Base of every method; subclasses set the traits and implement `send` and `fetch`."""
 
     name = ""
+    wire = "auto"  # the wire dtype (`with_wire`, `synchronizer.wire_dtype`)
     aliases: tuple[str, ...] = ()  # other names the config may use (Trinity-RFT's online, offline)
     broadcast = False  # the weights travel through a synchronizer-coordinated group
     pushed = False  # the trainer pushes the weights to the synchronizer; explorers pull them
@@ -107,8 +113,37 @@ class SyncMethod:
         return self.transport(options or TransportOptions())
 
     def wire_dtype(self, dtype: torch.dtype) -> torch.dtype:
-        """The dtype a tensor of `dtype` has on the wire (the training dtype unless the method casts)."""
-        return dtype
+        """The dtype a tensor of `dtype` has on the wire: bf16 for fp32/fp64 when `wire` is
+        "bfloat16", else `dtype` (what the trainer gathered: its training compute dtype)."""
+        return torch.bfloat16 if self.wire == BF16 and dtype in WIDE_DTYPES else dtype
+
+    def with_wire(self, wire: str) -> SyncMethod:
+        """This method with `wire` ("auto": the training dtype; "bfloat16": floating tensors wider
+        than bf16 are cast to bf16 before they are sent, `synchronizer.wire_dtype`)."""
+        if wire not in WIRE_DTYPES:
+            raise ValueError(f"wire dtype {wire!r} is not one of {', '.join(WIRE_DTYPES)}")
+        if wire == self.wire:
+            return self
+        clone = copy.copy(self)
+        clone.wire = wire
+        return clone
+
+    def encode(self, state: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
+        """The tensors as they go on the wire (`wire_dtype`); tied weights stay one tensor."""
+        if all(self.wire_dtype(t.dtype) == t.dtype for t in state.values()):
+            return state
+        out: dict[str, torch.Tensor] = {}
+        cast: dict[tuple, torch.Tensor] = {}  # tied weights stay one tensor (the codec sends it once)
+        for name, t in state.items():
+            dtype = self.wire_dtype(t.dtype)
+            if dtype == t.dtype:
+                out[name] = t
+                continue
+            key = (t.data_ptr(), t.dtype, tuple(t.shape), t.stride())
+            if key not in cast:
+                cast[key] = t.to(dtype)
+            out[name] = cast[key]
+        return out
 
     # ---- trainer ---------------------------------------------------------------------------------
     def check_sender(self, sender: Sender) -> None:
@@ -125,8 +160,9 @@ class SyncMethod:
 
     def as_received(self, state: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
         """`state` as an explorer holding the same dtypes ends up with (for digests): itself unless
-        the method changes values on the way."""
-        return state
+        the wire dtype rounds it on the way."""
+        wire = self.encode(state)
+        return state if wire is state else {k: wire[k].to(t.dtype) for k, t in state.items()}
 
     async def published(self, client: Any, result: Published, generation: int) -> None:
         """The send succeeded: complete the publish with the synchronizer (`SyncClient`)."""
@@ -167,15 +203,17 @@ def known_methods() -> list[str]:
     return SYNC_METHODS.names()
 
 
-def sync_method(name: str | SyncMethod) -> SyncMethod:
+def sync_method(name: str | SyncMethod, wire_dtype: str = "auto") -> SyncMethod:
     """The method named `name` (a name, an alias such as online -> nccl, offline -> checkpoint, or
-    `pkg.mod:Class`); an unknown name lists the known ones."""
+    `pkg.mod:Class`); an unknown name lists the known ones. `wire_dtype` "bfloat16" sends fp32/fp64
+    tensors as bf16 whatever the method (`SyncMethod.with_wire`); "auto" keeps the method's own."""
     if isinstance(name, SyncMethod):
-        return name
+        return name if wire_dtype == "auto" else name.with_wire(wire_dtype)
     known_methods()
     cls = SYNC_METHODS.get(name)
     if not (isinstance(cls, type) and issubclass(cls, SyncMethod)):
         raise TypeError(f"weight sync method {name!r} is {cls!r}, not a SyncMethod subclass")
     if cls not in _INSTANCES:
         _INSTANCES[cls] = cls()
-    return _INSTANCES[cls]
+    method = _INSTANCES[cls]
+    return method if wire_dtype == "auto" else method.with_wire(wire_dtype)

@@ -64,7 +64,7 @@ class BroadcastMethod(SyncMethod):
     ) -> Delivery:
         self.check_sender(sender)
         assert sender.group is not None
-        return await asyncio.to_thread(sender.group.send, version, state, step)
+        return await asyncio.to_thread(sender.group.send, version, self.encode(state), step)
 
     async def published(self, client: Any, result: Published, generation: int) -> None:
         await client.report_sync(result.version, True, generation)
@@ -88,14 +88,6 @@ class MemoryMethod(SyncMethod):
     def check_sender(self, sender: Sender) -> None:
         if sender.push is None:
             raise WeightSyncError("memory sync needs a synchronizer to push to (services.synchronizer)")
-
-    def encode(self, state: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
-        """The tensors as they go on the wire (subclasses change dtypes)."""
-        return state
-
-    def as_received(self, state: Mapping[str, torch.Tensor]) -> Mapping[str, torch.Tensor]:
-        wire = self.encode(state)
-        return state if wire is state else {k: wire[k].to(t.dtype) for k, t in state.items()}
 
     async def send(
         self, sender: Sender, version: int, step: int, state: Mapping[str, torch.Tensor]
@@ -121,7 +113,7 @@ class CheckpointMethod(SyncMethod):
         self, sender: Sender, version: int, step: int, state: Mapping[str, torch.Tensor]
     ) -> Delivery:
         transport = self.make_transport(sender.options)
-        return await asyncio.to_thread(transport.send, version, state, step)
+        return await asyncio.to_thread(transport.send, version, self.encode(state), step)
 
     async def published(self, client: Any, result: Published, generation: int) -> None:
         await client.notify_checkpoint(result.version, result.step, result.checkpoint_path)

@@ -121,6 +121,7 @@ class RunHarness:
         sync_timeout: float = 120,
         heartbeat_timeout: float = 6,
         fanout: int = 0,
+        wire_dtype: str = "auto",
     ) -> Path:
         """Each of the two explorers gets `steps_per_explorer` steps of data (its shard of the
         taskset); no `total_steps`, so the run ends when the data does and the trainer drained it."""
@@ -155,6 +156,7 @@ synchronizer:
   heartbeat_timeout: {heartbeat_timeout}
   weight_digest: true
   fanout: {fanout}
+  wire_dtype: {wire_dtype}
 monitor: {{monitor_type: none}}
 log: {{format: json}}
 """

@@ -231,3 +231,53 @@ def test_lora_adapter_merge_checks_names_and_shapes(tmp_path):
         merge_adapter({"layer.weight": torch.zeros(4, 6)}, adapter)
     with pytest.raises(WeightSyncError, match="model folder"):
         sync_method("lora_adapter").fetch(None, Receiver(load=None))
+
+
+def test_a_bf16_wire_is_a_property_of_every_method_and_leaves_the_registered_one_alone():
+    state = _state()
+    for name in ("memory", "checkpoint", "nccl", "lora_adapter"):
+        plain, bf16 = sync_method(name), sync_method(name, "bfloat16")
+        assert plain.wire == "auto" and bf16.wire == "bfloat16" and bf16 is not plain
+        assert type(bf16) is type(plain) and sync_method(name) is plain  # the shared instance unchanged
+        assert (
+            bf16.wire_dtype(torch.float32) == torch.bfloat16
+            and plain.wire_dtype(torch.float32) == torch.float32
+        )
+        assert bf16.wire_dtype(torch.int64) == torch.int64 and bf16.wire_dtype(torch.float16) == torch.float16
+        wire = bf16.encode(state)
+        assert wire["lm_head.weight"] is wire["model.embed_tokens.weight"]  # ties stay one tensor
+        assert (
+            wire["lm_head.weight"].dtype == torch.bfloat16 and wire["model.position_ids"].dtype == torch.int64
+        )
+        assert plain.encode(state) is state
+    assert sync_method(sync_method("memory"), "bfloat16").wire == "bfloat16"  # a resolved method too
+    assert sync_method("memory_bf16").wire == "bfloat16"  # memory_bf16 is memory with a bf16 wire
+    with pytest.raises(ValueError, match="wire dtype 'float16' is not one of auto, bfloat16"):
+        sync_method("memory", "float16")
+
+
+def test_the_checkpoint_method_with_a_bf16_wire_writes_bf16_files(tmp_path):
+    from services.common.weight_sync.checkpoint import read_state_dict
+
+    state = _state()
+    sender = Sender(TransportOptions(checkpoint_dir=str(tmp_path)))
+    sizes = {}
+    for wire in ("auto", "bfloat16"):
+        method = sync_method("checkpoint", wire)
+        delivery = asyncio.run(method.send(sender, 1 if wire == "auto" else 2, 1, state))
+        got = read_state_dict(delivery.path, "cpu")
+        sizes[wire] = Path(delivery.path).stat().st_size
+        expected = method.as_received(state)
+        for name, t in state.items():
+            assert got[name].dtype == method.wire_dtype(t.dtype), name
+            assert torch.equal(got[name].to(t.dtype), expected[name]), name
+    assert sizes["bfloat16"] < 0.55 * sizes["auto"], sizes
+
+
+def test_the_config_names_a_wire_dtype_it_does_not_know():
+    from services.common.config import ConfigError, load_config
+
+    assert load_config(text="synchronizer: {wire_dtype: bfloat16}\n").synchronizer.wire_dtype == "bfloat16"
+    with pytest.raises(ConfigError, match=r"synchronizer\.wire_dtype") as err:
+        load_config(text="synchronizer: {wire_dtype: float16}\n")
+    assert "bfloat16" in str(err.value)
