@@ -55,9 +55,9 @@ def state_hash(state_dict: dict[str, torch.Tensor]) -> str:
 def held(source: Source, after: int) -> Source:
     """`source`, stopping for good after `after` chunks (the relay looks alive and stuck)."""
 
-    async def open_stream(version: int):
+    async def open_stream(version: int, have: int | None = None):
         i = 0
-        async for raw in source(version):
+        async for raw in source(version, have):
             if i == after:
                 await asyncio.Event().wait()
             yield raw

@@ -6,7 +6,8 @@ offset 0 by default) run as processes, fresh for each N in 1, 4, 16, 64 (`--quic
 N simulated explorers run as asyncio tasks in `--procs` worker processes (0 = in this process); each
 step an explorer:
   - waits for the version the plan needs the real way (`ExplorerSyncGate` + `MemoryFetch`:
-    `WaitForVersion`, `PullWeights` when newer, decode, `ReportSync`),
+    `WaitForVersion`, `PullWeights` when newer, decode, `ReportSync`; with `--fanout K` > 0 through a
+    relay, see below),
   - "generates" its batch with a modelled engine: no model compute, `asyncio.sleep(tokens / rate)`
     (`--tokens-per-s`, per explorer),
   - puts `--groups` groups of 8 real `Experience`s (64 prompt + 192 response tokens) with
@@ -18,6 +19,18 @@ its weights take a simulated optimizer step (`weight_steps.py`: every weight mov
 `--bf16-change` of the bf16 words change, by default the fraction measured on the quickstart), so the
 explorers' delta pulls (`have_version`, from the second version on) carry a realistic delta.
 
+`--fanout K` (default 0: every explorer pulls from the synchronizer, the star) sets the synchronizer's
+`synchronizer.fanout: K`, and each explorer does what the real one does then (`relay_fetch.explorer_fetch`):
+it serves a relay beside itself (`relay_rpc.serve_relay`), sets it as `SyncClient.relay` before it
+registers (the registration carries the relay's address, so the synchronizer puts it in its K-ary tree)
+and fetches through it (`relay_fetch`: the version along the answer's `weight_sources`, then the same
+`MemoryFetch` over the relay's copy; when the relay cannot bring it, a pull from the synchronizer as in
+the star). The relay closes with the `SyncClient`. Per N, over all explorers: `relay_loads` (versions
+loaded from the relays), `relay_delta_loads` (of those, the ones relayed as a delta; the relays
+carry deltas: relay.py "Deltas") and `relay_fallbacks` (versions the relay could not bring, pulled from the synchronizer
+instead). The byte figures below count what an explorer received, from the synchronizer
+(`SyncClient.pulled_bytes_*`) or from its relay's copy (`relayed_bytes_*`).
+
 Measured per N over steps 2..S (step 1 warms up): experiences/s through the buffer (acked), put
 latency p50/p99 (each explorer's `put`), lease latency p50/p99 (from the moment the step's last put
 returned, or the lease call if later, until the trainer holds the whole step), the time for a weight
@@ -28,11 +41,15 @@ over `payload_bytes`, one full version: `delta_bytes_ratio`) and in full over th
 (`full_bytes_per_explorer`: one payload when every later pull was a delta) and how busy the client processes were (CPU seconds / wall seconds, the busiest process;
 near 1.0 = it saturates). The knee (`knee()`) is the
 first N where experiences/s per explorer fall below 80% of the smallest N's or a p99 latency jumps.
-Last line: one JSON object (DESIGN.md section 8): the per-N figures, "ratio" = total experiences/s at
-N=64 over N=4 (the fleet keeps its throughput as it grows) and "target" 0.9.
+Last line: one JSON object (DESIGN.md section 8): the per-N figures, "fanout" (K), "ratio" = total
+experiences/s at N=64 over N=4 (the fleet keeps its throughput as it grows) and "target" 0.9, and,
+when N=4 and N=64 were both measured (else null), the fan-out issue's figures with their targets:
+"reach_all_64_over_4" = reach_all_s at N=64 over N=4's (target <= 2.0), "reach_all_64_s" = reach_all_s
+at N=64 (target <= 0.15 s) and "per_explorer_64_over_4" = per_explorer_per_s at N=64 over N=4's
+(target >= 0.7); each target is also a key (`<key>_target`).
 
     python bench/scale.py [--quick] [--ns 1,4,16,64] [--procs 4] [--weights-mb 4] [--steps 12]
-                          [--sync-method memory|memory_bf16] [--bf16-change FRACTION]
+                          [--sync-method memory|memory_bf16] [--bf16-change FRACTION] [--fanout K]
 """
 
 from __future__ import annotations
@@ -59,11 +76,15 @@ from weight_steps import BF16_CHANGE, step_size_for, train_step  # noqa: E402
 
 from services.common.buffer_client import BufferClient  # noqa: E402
 from services.common.experience import Experience, ExperienceId  # noqa: E402
+from services.common.log import configure_logging  # noqa: E402
 from services.common.rpc import create_channel  # noqa: E402
 from services.common.sync_client import SyncClient  # noqa: E402
 from services.common.sync_hooks import ExplorerSyncGate  # noqa: E402
 from services.common.weight_sync import sync_method  # noqa: E402
+from services.common.weight_sync.method import Receiver  # noqa: E402
 from services.common.weight_sync.methods import MemoryFetch  # noqa: E402
+from services.common.weight_sync.relay_fetch import RelayFetch, relay_fetch  # noqa: E402
+from services.common.weight_sync.relay_rpc import serve_relay  # noqa: E402
 
 GROUP, PROMPT, RESPONSE = 8, 64, 192
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -78,6 +99,7 @@ class FleetParams:
     sync_offset: int = 0
     method: str = "memory"
     bf16_change: float = BF16_CHANGE  # per version: the fraction of bf16 words the trainer's step changes
+    fanout: int = 0  # synchronizer.fanout: 0 = every explorer pulls from the synchronizer; k > 0 = relay tree
 
 
 @dataclass
@@ -91,6 +113,9 @@ class ExplorerLog:
     pulled_delta: int = 0
     pulls: int = 0
     fallbacks: int = 0  # deltas that did not apply (pulled again in full)
+    relay_loads: int = 0  # fan-out: versions loaded from this explorer's relay
+    relay_delta_loads: int = 0  # fan-out: of relay_loads, the versions relayed as a delta
+    relay_fallbacks: int = 0  # fan-out: versions the relay could not bring (pulled from the synchronizer)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -127,7 +152,7 @@ def service_configs(redis_url: str, workdir: Path, p: FleetParams) -> dict[str, 
         ),
         "synchronizer": (
             f"checkpoint_root_dir: {workdir}\nsynchronizer:\n  sync_method: {p.method}\n  chunk_bytes: {chunk}\n"
-            f"  sync_offset: {p.sync_offset}\n  sync_timeout: 120\nlog:\n  level: WARNING\n"
+            f"  sync_offset: {p.sync_offset}\n  sync_timeout: 120\n  fanout: {p.fanout}\nlog:\n  level: WARNING\n"
         ),
     }
 
@@ -197,8 +222,13 @@ async def explorer(name: str, buffer_addr: str, sync_addr: str, p: FleetParams) 
         out.loaded.setdefault(version, time.monotonic())
         out.pulls += 1
 
-    gate = ExplorerSyncGate(sync, fetch=MemoryFetch(sync, load), timeout_s=120)
-    await sync.register()
+    if p.fanout > 0:  # as explorer_fetch: a relay beside the explorer, registered with it, fetched through
+        sync.relay = await serve_relay(sync.channel, name, host="127.0.0.1", sync_timeout_s=120)
+        fetch = relay_fetch(sync_method(p.method), sync, Receiver(load), sync.relay.node)
+    else:
+        fetch = MemoryFetch(sync, load)
+    gate = ExplorerSyncGate(sync, fetch=fetch, timeout_s=120)
+    await sync.register()  # after the relay is set: the registration carries its address
     gen_s = p.groups * GROUP * RESPONSE / p.tokens_per_s
     for step in range(1, p.steps + 1):
         await gate.before_step(step, gate.held)
@@ -210,10 +240,15 @@ async def explorer(name: str, buffer_addr: str, sync_addr: str, p: FleetParams) 
         if step > 1:
             out.put_s.append(out.put_end[step] - t0)
     await gate.settle()
-    out.pulled_full, out.pulled_delta = sync.pulled_bytes_full, sync.pulled_bytes_delta
+    # what the explorer received, from the synchronizer or from a relay's copy (fan-out)
+    out.pulled_full = sync.pulled_bytes_full + sync.relayed_bytes_full
+    out.pulled_delta = sync.pulled_bytes_delta + sync.relayed_bytes_delta
     out.fallbacks = sync.delta_fallbacks
+    if isinstance(fetch, RelayFetch):
+        out.relay_loads, out.relay_fallbacks = fetch.puller.from_relay, fetch.fallbacks
+        out.relay_delta_loads = getattr(fetch.puller, "delta_loads", 0)
     await sync.leave(ok=True)
-    await sync.close()
+    await sync.close()  # closes the relay too (SyncClient.relay)
     await channel.close()
     return out
 
@@ -229,6 +264,7 @@ async def explorer_fleet(
 
 def _explorer_process(names, buffer_addr, sync_addr, p, queue) -> None:
     torch.set_num_threads(1)
+    configure_logging("scale-explorers", level="WARNING")  # not a line per explorer per relayed version
     queue.put(asyncio.run(explorer_fleet(names, buffer_addr, sync_addr, p)))
 
 
@@ -331,6 +367,9 @@ async def run_fleet(
         "delta_bytes_ratio": round(statistics.median(delta_per) / max(tr.payload_bytes, 1), 4),
         "pulls_per_explorer": statistics.median(pulls),
         "delta_fallbacks": sum(lg.fallbacks for lg in logs),
+        "relay_loads": sum(lg.relay_loads for lg in logs),
+        "relay_delta_loads": sum(lg.relay_delta_loads for lg in logs),
+        "relay_fallbacks": sum(lg.relay_fallbacks for lg in logs),
         "bf16_changed": round(statistics.median(tr.bf16_changed), 4) if tr.bf16_changed else None,
         "client_busy": round(max(client_busy), 2),
         "acked": tr.acked,
@@ -393,28 +432,46 @@ def main() -> None:
         "--bf16-change", type=float, default=BF16_CHANGE,
         help="fraction of bf16 words the simulated trainer's step changes per version (default: measured)",
     )  # fmt: skip
+    parser.add_argument(
+        "--fanout", type=int, default=0,
+        help="synchronizer.fanout: 0 = every explorer pulls from the synchronizer; k > 0 = through relays",
+    )  # fmt: skip
     args = parser.parse_args()
     ns = [int(x) for x in args.ns.split(",")]
     if not ns or min(ns) < 1:
         parser.error(f"--ns must list fleet sizes >= 1, got {args.ns!r}")
+    if args.fanout < 0:
+        parser.error(f"--fanout must be >= 0, got {args.fanout}")
     p = FleetParams(args.steps or (6 if args.quick else 12), args.groups, args.tokens_per_s,
-                    args.weights_mb, args.sync_offset, args.sync_method, args.bf16_change)  # fmt: skip
+                    args.weights_mb, args.sync_offset, args.sync_method, args.bf16_change, args.fanout)  # fmt: skip
     rows = measure(ns, p, args.procs)
     cols = ["n", "experiences_per_s", "per_explorer_per_s", "put_p50_ms", "put_p99_ms", "lease_p50_ms",
             "lease_p99_ms", "push_s", "reach_all_s", "sync_cpu_s_per_step", "delta_bytes_ratio", "client_busy"]  # fmt: skip
+    if p.fanout > 0:
+        cols += ["relay_loads", "relay_delta_loads", "relay_fallbacks"]
     print(f"fleet scale: {p.steps} steps per N, {p.groups * GROUP} experiences of {PROMPT + RESPONSE} tokens "
-          f"per explorer step, {p.weights_mb:g} MB weights, explorer processes: {args.procs}")  # fmt: skip
+          f"per explorer step, {p.weights_mb:g} MB weights, explorer processes: {args.procs}, "
+          f"fanout: {p.fanout}")  # fmt: skip
     print(" ".join(f"{c:>14}" for c in cols))
     for r in rows:
         print(" ".join(f"{r[c]!s:>14}" for c in cols))
     by_n = {r["n"]: r for r in rows}
     k = knee(rows)
     print(f"knee: N={k}" if k else "knee: none within the measured N")
-    ratio = by_n[64]["experiences_per_s"] / by_n[4]["experiences_per_s"] if 4 in by_n and 64 in by_n else None
+    both = 4 in by_n and 64 in by_n
+    ratio = by_n[64]["experiences_per_s"] / by_n[4]["experiences_per_s"] if both else None
+
+    def over(key: str) -> float | None:  # N=64's figure over N=4's
+        a, b = (by_n[64][key], by_n[4][key]) if both else (None, None)
+        return round(a / b, 3) if a is not None and b else None
+
     result = {"bench": "scale", "quick": args.quick, "steps": p.steps, "groups": p.groups,
               "tokens_per_s": p.tokens_per_s, "weights_mb": p.weights_mb, "procs": args.procs,
-              "sync_method": p.method, "bf16_change": p.bf16_change,
-              "per_n": rows, "knee": k, "ratio": round(ratio, 3) if ratio else None, "target": 0.9}  # fmt: skip
+              "sync_method": p.method, "bf16_change": p.bf16_change, "fanout": p.fanout,
+              "per_n": rows, "knee": k, "ratio": round(ratio, 3) if ratio else None, "target": 0.9,
+              "reach_all_64_over_4": over("reach_all_s"), "reach_all_64_over_4_target": 2.0,
+              "reach_all_64_s": by_n[64]["reach_all_s"] if both else None, "reach_all_64_s_target": 0.15,
+              "per_explorer_64_over_4": over("per_explorer_per_s"), "per_explorer_64_over_4_target": 0.7}  # fmt: skip
     print(json.dumps(result))
 
 

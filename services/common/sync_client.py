@@ -100,7 +100,8 @@ class SyncClient:
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._held: tuple[int, bytearray] | None = None  # memory: the last payload pulled, its version
-        self.pulled_bytes_full = self.pulled_bytes_delta = self.delta_fallbacks = 0
+        self.pulled_bytes_full = self.pulled_bytes_delta = self.delta_fallbacks = 0  # from the synchronizer
+        self.relayed_bytes_full = self.relayed_bytes_delta = 0  # from a relay's copy (fan-out)
         # fan-out (synchronizer.fanout > 0): this explorer's weight relay (`relay_rpc.ServedRelay`, set by
         # `relay_fetch.explorer_fetch`): its address is registered, and it is closed with the client
         self.relay = None
@@ -313,6 +314,23 @@ class SyncClient:
         state_dict, _ = await asyncio.to_thread(decode_state_dict, payload, device)
         return mv, state_dict
 
+    @property
+    def held_version(self) -> int | None:
+        """The version a delta may be from: the last payload pulled and kept (`delta_pulls`), else None."""
+        return self._held[0] if self.delta_pulls and self._held is not None else None
+
+    async def decode_raw(
+        self, raws: Sequence[bytes], device: str | torch.device = "cpu"
+    ) -> tuple[common_pb2.ModelVersion, dict[str, torch.Tensor]]:
+        """`pull_weights` for chunks that came another way (a relay's copy): a full payload, or a
+        delta applied to the held one (`WeightSyncError` when it does not apply: pull in full then);
+        kept as the held payload like a pull."""
+        held = self._held if self.delta_pulls else None
+        mv, payload = await self._payload_of(raws, held, via="relayed")
+        self._held = (int(mv.version), payload) if self.delta_pulls else None
+        state_dict, _ = await asyncio.to_thread(decode_state_dict, payload, device)
+        return mv, state_dict
+
     async def _pull_payload(
         self, version: int, held: tuple[int, bytearray] | None
     ) -> tuple[common_pb2.ModelVersion, bytearray]:
@@ -321,11 +339,18 @@ class SyncClient:
             member_id=self.member_id, version=version, have_version=held[0] if held else None
         )
         raws = [r async for r in self._pull_raw(req, timeout=self.sync_timeout_s)]
+        return await self._payload_of(raws, held)
+
+    async def _payload_of(
+        self, raws: Sequence[bytes], held: tuple[int, bytearray] | None, via: str = "pulled"
+    ) -> tuple[common_pb2.ModelVersion, bytearray]:
+        """A version's raw chunks as its full payload: joined, and a delta applied to `held`; the
+        bytes are counted as `via` ("pulled" from the synchronizer, "relayed" from a relay)."""
         mv, base, data = await asyncio.to_thread(join_raw_chunks, raws)
+        kind = "full" if base is None else "delta"
+        setattr(self, f"{via}_bytes_{kind}", getattr(self, f"{via}_bytes_{kind}") + len(data))
         if base is None:
-            self.pulled_bytes_full += len(data)
             return mv, data
-        self.pulled_bytes_delta += len(data)
         if held is None or held[0] != base:
             raise WeightSyncError(f"got a delta from version {base}, this receiver holds {held and held[0]}")
         return mv, await asyncio.to_thread(apply_delta, held[1], data, base_version=base)

@@ -8,11 +8,21 @@ number of readers (`VersionStream.follow`, what the relay's `PullWeights` stream
 get each chunk as soon as it is appended. So a version goes down a tree of depth d in about the time
 of one transfer plus d chunk-hops, not d transfers.
 
+Deltas. A relay that holds a version asks its sources for the next one as a delta from it (`have`,
+`PullWeightsRequest.have_version`, as an explorer without fan-out does): the synchronizer computes
+each (held, latest) delta once, and relays pass the delta chunks on unchanged, so in a run where the
+explorers hold the same version every hop carries the delta, not the payload. A stream is either a
+full payload or a delta from one base (`VersionStream.base`); a child is served a delta only when it
+holds that base (else NOT_FOUND: it goes on along its chain, up to the synchronizer, which answers
+with a delta from what the child holds, or in full). Applying a delta is the receiver's business
+(`SyncClient.decode_raw`: to its held payload, checked by the crc32 of every tensor).
+
 Checks. Every chunk is checked before it is appended (`ChunkCheck`: one version, indices 0..total-1
-in order, the bytes within `total_bytes`, full payloads only, no delta), so a relay never forwards a
-bad chunk; a stream is complete only when all `total` chunks and exactly `total_bytes` bytes are in,
-and only a complete stream is loaded (`VersionStream.complete` / `payload`). A receiver still joins
-and checks what it got (`join_raw_chunks`), and the delta method's crc32s apply as usual.
+in order, the bytes within `total_bytes`, one kind throughout - full, or a delta from the base the
+puller asked for), so a relay never forwards a bad chunk; a stream is complete only when all `total`
+chunks and exactly `total_bytes` bytes are in, and only a complete stream is loaded
+(`VersionStream.complete`). A receiver still joins and checks what it got (`join_raw_chunks`), and the
+delta's crc32s apply as usual.
 
 Failure. A source that errors (its process died: UNAVAILABLE), sends nothing for `stall_s` seconds,
 answers NOT_FOUND (it does not hold the version) or sends an inconsistent chunk is dropped and the
@@ -37,7 +47,8 @@ from services.common.weight_sync.memory import StreamCheck, parse_raw_chunk
 
 log = get_logger("weight_sync.relay")
 
-Source = Callable[[int], AsyncIterator[bytes]]  # opens a PullWeights stream of one version (raw chunks)
+# opens a PullWeights stream of one version (raw chunks), asking for a delta from `have` when not None
+Source = Callable[[int, "int | None"], AsyncIterator[bytes]]
 
 
 class RelayBroken(WeightSyncError):
@@ -50,16 +61,26 @@ class VersionNotHeld(WeightSyncError, LookupError):
 
 @dataclass
 class ChunkCheck(StreamCheck):
-    """`StreamCheck` over raw chunks (as the synchronizer's `PushAssembly` checks a push), refusing
-    deltas and, with `expect`, chunks of another version."""
+    """`StreamCheck` over raw chunks (as the synchronizer's `PushAssembly` checks a push): with
+    `expect`, no chunk of another version; every chunk of one kind, the first one's (`base`: None for
+    a full payload, else the version the delta is from), and a delta only from `have`."""
 
     expect: int = 0  # the version the stream must carry (0 = any)
+    have: int | None = None  # the version the puller holds: the only base a delta may have
+    base: int | None = None  # what the first chunk said (None: a full payload)
 
     def add(self, raw: bytes) -> None:  # type: ignore[override]
         c = parse_raw_chunk(raw)
-        if c.delta:
-            raise MissingChunkError(f"chunk {c.index} is a delta (from version {c.delta_base_version}): "
-                                    "relays carry full payloads only")  # fmt: skip
+        base = c.delta_base_version if c.delta else None
+        if self.count == 0 and base is not None and base != self.have:
+            raise MissingChunkError(f"chunk 0 is a delta from version {base}, the puller holds {self.have}")
+        if self.count and base != self.base:
+            raise MissingChunkError(
+                f"chunk {c.index} is {'a delta from version ' + str(base) if base is not None else 'a full payload'}, "
+                f"the stream's chunk 0 was {'a delta from version ' + str(self.base) if self.base is not None else 'a full payload'}"
+            )  # fmt: skip
+        if self.count == 0:
+            self.base = base
         if self.expect and c.version.version != self.expect:
             raise MissingChunkError(
                 f"asked for version {self.expect}, chunk {c.index} is of version {c.version.version}"
@@ -75,6 +96,7 @@ class VersionStream:
     """One version's chunks as they arrive; readers follow it with `follow()`."""
 
     version: int
+    have: int | None = None  # the version the filler held when it asked (a delta may come from it)
     chunks: list[bytes] = field(default_factory=list)
     check: ChunkCheck = field(init=False)
     error: str | None = None
@@ -82,7 +104,12 @@ class VersionStream:
     changed: asyncio.Condition = field(default_factory=asyncio.Condition)
 
     def __post_init__(self) -> None:
-        self.check = ChunkCheck(expect=self.version)
+        self.check = ChunkCheck(expect=self.version, have=self.have)
+
+    @property
+    def base(self) -> int | None:
+        """None: a full payload (or nothing yet); else the version this stream is a delta from."""
+        return self.check.base
 
     @property
     def complete(self) -> bool:
@@ -136,13 +163,14 @@ class RelayStore:
     def get(self, version: int) -> VersionStream | None:
         return self._streams.get(version)
 
-    async def begin(self, version: int) -> tuple[VersionStream, bool]:
-        """The stream of `version`, and True when the caller must fill it (no live one existed)."""
+    async def begin(self, version: int, have: int | None = None) -> tuple[VersionStream, bool]:
+        """The stream of `version`, and True when the caller must fill it (no live one existed; a
+        new one may be a delta from `have`)."""
         async with self._changed:
             s = self._streams.get(version)
             if s is not None and (not s.done or s.complete):
                 return s, False
-            s = self._streams[version] = VersionStream(version)
+            s = self._streams[version] = VersionStream(version, have)
             self._changed.notify_all()
             return s, True
 
@@ -186,11 +214,16 @@ class RelayStore:
 
 
 async def pull_version(
-    store: RelayStore, version: int, sources: Sequence[tuple[str, Source]], stall_s: float
+    store: RelayStore,
+    version: int,
+    sources: Sequence[tuple[str, Source]],
+    stall_s: float,
+    have: int | None = None,
 ) -> VersionStream:
     """Fill `store`'s stream of `version` from the first source that delivers it whole (see the
-    module docstring); returns the stream, complete or failed. A stream already live is awaited."""
-    stream, mine = await store.begin(version)
+    module docstring), asking each for a delta from `have` (None: in full); returns the stream,
+    complete or failed. A stream already live is awaited."""
+    stream, mine = await store.begin(version, have)
     if not mine:
         await stream.wait_done()
         return stream
@@ -198,7 +231,7 @@ async def pull_version(
     try:
         for name, source in sources:
             try:
-                await _fill_from(stream, source(version), stall_s)
+                await _fill_from(stream, source(version, stream.have), stall_s)
                 break
             except Exception as exc:  # noqa: BLE001 - any failure: the next source
                 why = (

@@ -9,7 +9,10 @@ the relay's store as they arrive, so this explorer's own children stream them at
 What is done with the weights stays the method's own: `RelayFetch` first brings the version into the
 relay, then runs the method's fetch (`SyncMethod.fetch`: `MemoryFetch`, the LoRA adapter's merge, a
 plug-in's) over a `RelayPuller`, whose `pull_weights` answers from the relay's complete copy of that
-version (joined and decoded, in a thread) and otherwise is the `SyncClient`'s. So when the tree cannot
+version (`SyncClient.decode_raw`: joined, a delta applied to the payload this explorer holds, decoded,
+in a thread) and otherwise is the `SyncClient`'s. The relay asks its sources for a delta from the
+version this explorer holds (`SyncClient.held_version`), so with `delta_sync` every hop of the tree
+carries the delta (relay.py "Deltas"); a relayed delta that does not apply is pulled again in full. So when the tree cannot
 deliver the version (every source failed, or the synchronizer moved on: NOT_FOUND), the method pulls
 from the synchronizer as it does without fan-out (with its deltas), and fan-out never fails a sync
 that the star would have done. Nothing is loaded from the relay unless its stream is complete and
@@ -18,16 +21,13 @@ checked (`relay.ChunkCheck`, then `join_raw_chunks` again).
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from services.common.log import get_logger
-from services.common.weight_sync.codec import decode_state_dict
 from services.common.weight_sync.errors import WeightSyncError
 from services.common.weight_sync.fanout import ROOT
-from services.common.weight_sync.memory import join_raw_chunks
 from services.common.weight_sync.method import Fetch, Receiver, SyncMethod, WaitAnswer
 from services.common.weight_sync.relay_rpc import RelayNode, serve_relay
 
@@ -43,7 +43,8 @@ class RelayPuller:
     def __init__(self, client: Any, node: RelayNode):
         self.client, self.node = client, node
         self.expect = 0  # the version RelayFetch brought into the relay (0 = none)
-        self.from_relay = 0
+        self.from_relay = 0  # versions loaded from the relay's copy
+        self.delta_loads = 0  # of those, the ones that came as a delta
 
     def __getattr__(self, name: str) -> Any:  # every other call is the client's
         return getattr(self.client, name)
@@ -52,11 +53,14 @@ class RelayPuller:
         stream = self.node.store.get(version or self.expect) if (version or self.expect) else None
         if stream is None or not stream.complete:
             return await self.client.pull_weights(version, device, **kw)
-        mv, base, payload = await asyncio.to_thread(join_raw_chunks, stream.chunks)
-        if base is not None:  # relays carry full payloads only (ChunkCheck refuses deltas)
-            raise WeightSyncError(f"the relay holds a delta of version {mv.version}")
-        state_dict, _ = await asyncio.to_thread(decode_state_dict, payload, device)
+        try:  # a full payload, or a delta from the version this client holds (relay.py "Deltas")
+            mv, state_dict = await self.client.decode_raw(stream.chunks, device)
+        except WeightSyncError as exc:
+            log.warning("relayed weights did not apply; pulling from the synchronizer",
+                        version=stream.version, error=str(exc)[:300])  # fmt: skip
+            return await self.client.pull_weights(version, device, **kw)
         self.from_relay += 1
+        self.delta_loads += stream.base is not None
         return mv, state_dict
 
 
@@ -72,7 +76,7 @@ class RelayFetch:
         version = int(answer.model_version.version)
         chain = [*getattr(answer, "weight_sources", ()), ROOT]
         try:
-            await self.node.fetch(version, chain)
+            await self.node.fetch(version, chain, getattr(self.puller.client, "held_version", None))
             self.puller.expect = version
             log.info("weights relayed", version=version, relays=len(chain) - 1)  # relays: in its chain
         except WeightSyncError as exc:
@@ -86,6 +90,7 @@ class RelayFetch:
 def relay_fetch(method: SyncMethod, client: Any, receiver: Receiver, node: RelayNode) -> RelayFetch:
     """`method`'s fetch for an explorer whose relay is `node`."""
     puller = RelayPuller(client, node)
+    node.held = lambda: getattr(client, "held_version", None)  # a pull-through asks for a delta too
     return RelayFetch(node, puller, method.fetch(puller, receiver))
 
 

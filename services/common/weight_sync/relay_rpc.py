@@ -6,8 +6,9 @@ pulls from a peer unchanged by pointing at the peer's address. It serves only th
 go out as the bytes it received (a pass-through serializer, as the synchronizer's servicer does).
 `PullWeightsRequest.version` 0 = the newest version it holds or is receiving; a version it has not
 begun yet is waited for (`wait_s`); one it does not hold answers NOT_FOUND; a stream whose sources all
-failed ends with UNAVAILABLE. `have_version` is ignored: a relay serves full payloads (a puller
-handles a full payload whatever it asked for).
+failed ends with UNAVAILABLE. A stream that is a delta (relay.py "Deltas") is served only to a puller
+whose `have_version` is its base; any other puller gets NOT_FOUND before the first chunk and goes on
+along its chain. A full payload is served to every puller (it handles one whatever it asked for).
 
 `PeerSources` opens those streams: one channel per peer address (the synchronizer's own channel for
 `fanout.ROOT`; peers through `peer_channel`, one retry), calls that fail at once when a peer is down
@@ -56,8 +57,17 @@ class RelayServicer:
             stream = await self.store.stream_for(request.version, self.wait_s)
         except VersionNotHeld as exc:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        have = request.have_version if request.HasField("have_version") else None
+        first = True
         try:
             async for raw in stream.follow():
+                if first and stream.base is not None and stream.base != have:
+                    await context.abort(
+                        grpc.StatusCode.NOT_FOUND,
+                        f"this relay holds version {stream.version} as a delta from version "
+                        f"{stream.base}; the puller holds {have}",
+                    )
+                first = False
                 yield raw
         except RelayBroken as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"relay lost the version: {exc}"[:1000])
@@ -118,8 +128,10 @@ class PeerSources:
         )  # fmt: skip
         peer = address != ROOT
 
-        async def open_stream(version: int) -> AsyncIterator[bytes]:
-            req = synchronizer_pb2.PullWeightsRequest(member_id=self.member_id, version=version)
+        async def open_stream(version: int, have: int | None = None) -> AsyncIterator[bytes]:
+            req = synchronizer_pb2.PullWeightsRequest(
+                member_id=self.member_id, version=version, have_version=have
+            )
             call = pull(req, timeout=self.timeout_s, wait_for_ready=not peer)
             try:
                 async for raw in call:
@@ -145,12 +157,13 @@ class RelayNode:
 
     node = RelayNode(sync_channel, member_id="explorer-3")           # peers through `peer_channel`
     handle = await start_server([node.registration()], port=0)   # or beside the member's service
-    stream = await node.fetch(version, plan["explorer-3"])        # (parent, ..., ROOT)
-    mv, _, payload = join_raw_chunks(stream.chunks)
+    stream = await node.fetch(version, plan["explorer-3"], have)  # (parent, ..., ROOT); a delta from have
+    mv, base, data = join_raw_chunks(stream.chunks)              # base: None, or data is a delta
 
     Pull-through: a child asking for a version this relay has not begun (its own `WaitForVersion`
     has not come yet: the members of a run do not sync in lockstep) makes it begin that version at
-    once along the chain of its last fetch (none before its first), instead of the child waiting.
+    once along the chain of its last fetch (none before its first), instead of the child waiting,
+    asking for a delta from what `held()` says this member holds then (None: in full).
     """
 
     def __init__(
@@ -167,15 +180,17 @@ class RelayNode:
         self.peers = PeerSources(synchronizer, connect, member_id, timeout_s)
         self.stall_s, self.wait_s = stall_s, wait_s
         self.chain: tuple[str, ...] | None = None  # the chain of the last fetch
+        self.held: Callable[[], int | None] = lambda: None  # the version a delta may be from
         self._through: set[asyncio.Task] = set()
 
     def registration(self) -> tuple:
         return registration(self.store, self.wait_s, self._pull_through)
 
-    async def fetch(self, version: int, chain: Sequence[str]) -> VersionStream:
-        """The complete stream of `version`, pulled along `chain` (nearest first); raises `RelayBroken`."""
+    async def fetch(self, version: int, chain: Sequence[str], have: int | None = None) -> VersionStream:
+        """The complete stream of `version`, pulled along `chain` (nearest first), a delta from `have`
+        where the sources can give one; raises `RelayBroken`."""
         self.chain = tuple(chain)
-        stream = await pull_version(self.store, version, self.peers.chain(chain), self.stall_s)
+        stream = await pull_version(self.store, version, self.peers.chain(chain), self.stall_s, have)
         if not stream.complete:
             raise RelayBroken(stream.error or f"version {version} did not arrive")
         return stream
@@ -189,7 +204,7 @@ class RelayNode:
         ):
             return
         task = asyncio.ensure_future(
-            pull_version(self.store, version, self.peers.chain(self.chain), self.stall_s)
+            pull_version(self.store, version, self.peers.chain(self.chain), self.stall_s, self.held())
         )
         self._through.add(task)
         task.add_done_callback(self._through.discard)

@@ -111,7 +111,70 @@ async def test_relay_fetch_loads_through_the_relay_and_falls_back_to_the_synchro
     assert await fetch(WaitForVersionResponse(model_version=ModelVersion(version=3))) == 3
     assert node.store.latest_complete().version == 3 and fetch.fallbacks == 0
     assert fetch.puller.from_relay == 1 and explorer.pulled_bytes_full == 0  # nothing from the synchronizer
+    assert explorer.relayed_bytes_full > 0 and explorer.held_version == 3  # the relay's copy, kept as held
     # version 9 is not kept anywhere: the relay path fails and the method's own pull loads the latest
     assert await fetch(WaitForVersionResponse(model_version=ModelVersion(version=9))) == 3
-    assert fetch.fallbacks == 1 and explorer.pulled_bytes_full > 0 and [v for v, _ in loaded] == [3, 3]
+    pulled = explorer.pulled_bytes_full + explorer.pulled_bytes_delta  # a delta from the held 3
+    assert fetch.fallbacks == 1 and pulled > 0 and [v for v, _ in loaded] == [3, 3]
     assert all(torch.equal(loaded[-1][1][k], t) for k, t in sd.items())
+
+
+def _next(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A training step's worth of change: a few rows of `w` move, the rest stays (a small delta)."""
+    out = {k: v.clone() for k, v in sd.items()}
+    out["w"][:4] += 0.5
+    return out
+
+
+async def test_relays_pass_a_delta_down_the_tree_and_a_late_joiner_gets_the_payload(
+    sync_server, sync_clients, relays
+):
+    """Root child A and its child B hold version 1; version 2 goes synchronizer -> A -> B as one
+    delta (computed once), loaded bit-exact by both, with nothing pulled from the synchronizer by B.
+    C, a late joiner under A holding nothing, is refused A's delta (NOT_FOUND) and takes the full
+    payload from the next source in its chain, the synchronizer."""
+    core, address = await sync_server(method="memory")
+    trainer = await sync_clients(address, "trainer", "trainer")
+    v1 = weights(5)
+    v2 = _next(v1)
+    await trainer.push_weights(v1, version=1, chunk_bytes=4 << 10)
+    nodes = {n: await relays(address) for n in "ABC"}
+    chains = {"A": [ROOT], "B": [nodes["A"][1], ROOT], "C": [nodes["A"][1], ROOT]}
+    loaded: dict[str, dict[int, dict]] = {n: {} for n in "ABC"}
+    fetches, clients = {}, {}
+    for n in "ABC":
+        clients[n] = await sync_clients(address, f"e{n}", "explorer")
+
+        async def load(named, version, n=n):
+            loaded[n][version] = dict(named)
+
+        fetches[n] = relay_fetch(sync_method("memory"), clients[n], Receiver(load), nodes[n][0])
+
+    def answer(version: int, n: str) -> WaitForVersionResponse:
+        return WaitForVersionResponse(
+            model_version=ModelVersion(version=version), weight_sources=chains[n][:-1]
+        )
+
+    for n in "AB":
+        assert await fetches[n](answer(1, n)) == 1
+    await trainer.push_weights(v2, version=2, chunk_bytes=4 << 10)
+    before = {n: (clients[n].pulled_bytes_full, clients[n].pulled_bytes_delta) for n in "AB"}
+    for n in "AB":
+        assert await fetches[n](answer(2, n)) == 2
+    for n in "AB":
+        assert all(torch.equal(loaded[n][2][k], t) for k, t in v2.items()), n
+        assert fetches[n].puller.delta_loads == 1 and fetches[n].fallbacks == 0
+    a_stream, b_stream = nodes["A"][0].store.get(2), nodes["B"][0].store.get(2)
+    assert a_stream.base == 1 and b_stream.chunks == a_stream.chunks  # the delta, passed on unchanged
+    delta_bytes = clients["B"].relayed_bytes_delta
+    assert 0 < delta_bytes < 0.5 * core.weights.total_bytes
+    assert (clients["B"].pulled_bytes_full, clients["B"].pulled_bytes_delta) == before["B"]  # all via A
+    assert core.weight_deltas.deltas_computed == 1
+
+    assert await fetches["C"](answer(2, "C")) == 2  # holds nothing: A's delta is not for it
+    c_stream = nodes["C"][0].store.get(2)
+    assert c_stream.complete and c_stream.base is None and list(c_stream.chunks) == list(core.weights.chunks)
+    assert all(torch.equal(loaded["C"][2][k], t) for k, t in v2.items()) and fetches["C"].fallbacks == 0
+    assert (
+        fetches["C"].puller.delta_loads == 0 and clients["C"].relayed_bytes_full == core.weights.total_bytes
+    )

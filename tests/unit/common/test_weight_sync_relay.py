@@ -1,5 +1,6 @@
 """The relay's core (`weight_sync.relay`), no network: chunks forwarded as they arrive, resume from
-the next source, stalls, bad chunks, failure, and which versions a relay keeps."""
+the next source, stalls, bad chunks, deltas only from the held version and of one kind, failure, and
+which versions a relay keeps."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def raws(version: int, n: int = 5, size: int = 100, delta_base: int | None = Non
 def source_of(chunks, *, fail_after: int | None = None, gate: tuple[int, asyncio.Event] | None = None):
     """A `Source` serving `chunks`; raises after `fail_after`, or waits on `gate` = (index, event)."""
 
-    async def open_stream(version):
+    async def open_stream(version, have=None):
         for i, raw in enumerate(chunks):
             if fail_after is not None and i == fail_after:
                 raise ConnectionError("parent died")
@@ -93,7 +94,8 @@ async def test_every_source_failing_breaks_the_stream_for_readers():
 @pytest.mark.parametrize(
     ("chunks", "match"),
     [
-        (raws(2, delta_base=1), "delta"),
+        (raws(2, delta_base=1), "a delta from version 1, the puller holds None"),
+        ([raws(2)[0], *raws(2, delta_base=1)[1:]], "the stream's chunk 0 was a full payload"),
         ([raws(2)[0], raws(2)[2]], "expected chunk 1, got 2"),
         ([raws(2)[0], raws(3)[1]], "version 2"),
         (raws(2)[:3], "stream ended after 3 of 5"),
@@ -103,6 +105,17 @@ async def test_bad_streams_are_refused(chunks, match):
     store = RelayStore()
     stream = await pull_version(store, 2, [("bad", source_of(chunks))], stall_s=5)
     assert not stream.complete and match in stream.error
+
+
+async def test_a_delta_from_the_held_version_is_taken_and_passed_on_as_it_came():
+    store, chunks = RelayStore(), raws(2, delta_base=1)
+    stream = await pull_version(store, 2, [("p", source_of(chunks))], 5, have=1)
+    assert stream.complete and stream.base == 1 and stream.chunks == chunks
+    assert join_raw_chunks(stream.chunks)[1] == 1  # a receiver sees a delta from version 1
+    other = await pull_version(RelayStore(), 2, [("p", source_of(chunks))], 5, have=3)
+    assert not other.complete and "a delta from version 1, the puller holds 3" in other.error
+    full = await pull_version(RelayStore(), 2, [("p", source_of(raws(2)))], 5, have=1)
+    assert full.complete and full.base is None  # a full payload is fine whatever the relay held
 
 
 def test_chunk_check_counts_a_complete_stream():
