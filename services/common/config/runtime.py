@@ -42,7 +42,9 @@ class SynchronizerConfig(Section):
     wire_dtype: Literal["auto", "bfloat16"] = "auto"
     # memory methods: after its first pull an explorer asks for a delta from the version it holds
     # (XOR of the wire words, zstd, a crc32 per tensor: services/common/weight_sync/delta.py) and keeps
-    # that payload in host memory; false: every pull is the full payload and nothing is kept.
+    # that payload in host memory (relays pass the deltas on); checkpoint: the trainer also writes each
+    # version's delta from the one before beside its file and explorers read it (checkpoint.py);
+    # false: every pull and read is the full payload, and nothing is kept.
     delta_sync: bool = True
     # Pushed methods (memory, memory_bf16, lora_adapter): 0 = every explorer pulls each version from the
     # synchronizer (star); k = explorers relay it to each other down a k-ary tree rooted at the

@@ -3,6 +3,7 @@
 Layout of `CheckpointStore(root)` (the synchronizer's choice, e.g. `<job_dir>/weight_sync/`):
 ```
 root/state_dict_v00000012.safetensors   one file per version (tied weights stored once, codec.py)
+root/state_dict_v00000012.from_v00000011.delta   with `delta`: the change from the version before
 root/latest_state_dict_iteration.txt    the published version number, written LAST
 ```
 Publishing is crash-safe: the file is written to a temporary name in the same folder, fsynced and
@@ -10,6 +11,14 @@ renamed into place (`stage`), then the marker is replaced the same way (`publish
 point leaves the previously published version readable; a staged but unpublished file is never
 read through `latest`. After publishing, versions beyond the newest `keep` are pruned (the published
 one is never removed). Reading uses safetensors only - nothing is unpickled.
+
+Deltas (`save(..., delta=True)`, `synchronizer.delta_sync`). Each file is the codec's safetensors
+payload (`codec.encode_state_dict_buffer`; the same header for every version of one model), so before
+publishing a version the store also writes, next to it, the delta from the published version before it
+(`delta.make_delta`: XOR of the words as byte planes, zstd, a crc32 per tensor), when that is smaller
+than `max_ratio` of the file. An explorer that holds the previous version's payload reads the delta
+instead of the file (`read_payload`): N explorers read N deltas from the shared folder, not N files. The
+full file is always written, for late joiners and any reader without the base.
 """
 
 from __future__ import annotations
@@ -24,11 +33,25 @@ import safetensors
 import safetensors.torch
 import torch
 
-from services.common.weight_sync.codec import metadata_of, restore_aliases, split_aliases
+from services.common.weight_sync.codec import (
+    CodecError,
+    encode_state_dict_buffer,
+    metadata_of,
+    restore_aliases,
+    split_aliases,
+)
+from services.common.weight_sync.delta import DeltaMismatchError, apply_delta, make_delta
 from services.common.weight_sync.errors import CheckpointNotFoundError
 
 MARKER = "latest_state_dict_iteration.txt"
 _FILE_RE = re.compile(r"^state_dict_v(\d+)\.safetensors$")
+_DELTA_RE = re.compile(r"^state_dict_v(\d+)\.from_v(\d+)\.delta$")
+
+
+def delta_path(path: str | os.PathLike[str], base_version: int) -> Path:
+    """Where the delta from `base_version` to the version whose file is `path` lies (beside it)."""
+    p = Path(path)
+    return p.with_name(f"{p.name.removesuffix('.safetensors')}.from_v{base_version:08d}.delta")
 
 
 def _fsync_dir(path: Path) -> None:
@@ -64,6 +87,7 @@ class CheckpointStore:
             raise ValueError(f"keep must be >= 1, got {keep}")
         self.root = Path(root)
         self.keep = keep
+        self.delta_bytes = 0  # the last `save(delta=True)`'s delta file (0: none written)
 
     def path_of(self, version: int) -> Path:
         return self.root / f"state_dict_v{version:08d}.safetensors"
@@ -87,8 +111,31 @@ class CheckpointStore:
         _atomic_write(marker, lambda tmp: Path(tmp).write_text(f"{version}\n"))
         self.prune()
 
-    def save(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> Path:
-        path = self.stage(version, state_dict)
+    def save(
+        self,
+        version: int,
+        state_dict: Mapping[str, torch.Tensor],
+        *,
+        delta: bool = False,
+        max_ratio: float = 0.9,
+    ) -> Path:
+        """`stage` + `publish`; with `delta`, the file is the codec's payload and the delta from the
+        published version (when it is under `max_ratio` of the file) is written before publishing."""
+        if not delta:
+            path = self.stage(version, state_dict)
+            self.publish(version)
+            return path
+        self.root.mkdir(parents=True, exist_ok=True)
+        payload = encode_state_dict_buffer(state_dict)
+        path = self.path_of(version)
+        _atomic_write(path, lambda tmp: Path(tmp).write_bytes(payload))
+        self.delta_bytes = 0
+        base = self.latest_version()
+        if base is not None and base < version and self.path_of(base).is_file():
+            d = make_delta(self.path_of(base).read_bytes(), payload, base, version)
+            if d is not None and len(d) < max_ratio * len(payload):
+                _atomic_write(delta_path(path, base), lambda tmp: Path(tmp).write_bytes(d))
+                self.delta_bytes = len(d)
         self.publish(version)
         return path
 
@@ -114,6 +161,11 @@ class CheckpointStore:
         doomed = [v for v in versions[: max(0, len(versions) - self.keep)] if v != latest]
         for v in doomed:
             self.path_of(v).unlink(missing_ok=True)
+        kept = set(versions) - set(doomed)
+        for p in self.root.iterdir() if doomed else ():
+            m = _DELTA_RE.match(p.name)
+            if m and int(m.group(1)) not in kept:
+                p.unlink(missing_ok=True)
         return doomed
 
     def load(
@@ -142,3 +194,21 @@ def read_state_dict(
         metadata = f.metadata()
         tensors = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 - safe_open has no iter
     return restore_aliases(tensors, metadata)
+
+
+def read_payload(
+    path: str | os.PathLike[str], held: tuple[int, bytes | bytearray] | None = None
+) -> tuple[bytearray, int, bool]:
+    """The payload (file bytes) of the version whose file is `path`: from the delta beside it when
+    `held` = (its base version, that version's payload) and one is there (checked tensor by tensor),
+    else the file. Returns (payload, bytes read, whether they were a delta)."""
+    if held is not None:
+        try:
+            d = delta_path(path, held[0]).read_bytes()
+            return apply_delta(held[1], d, base_version=held[0]), len(d), True
+        except (OSError, DeltaMismatchError, CodecError):
+            pass  # none from that version, unreadable, or not from this base: the file
+    if not Path(path).is_file():
+        raise CheckpointNotFoundError(f"state dict file {path} not found")
+    payload = bytearray(Path(path).read_bytes())
+    return payload, len(payload), False

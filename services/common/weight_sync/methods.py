@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from services.common.weight_sync.checkpoint import read_state_dict
+from services.common.weight_sync.checkpoint import read_payload, read_state_dict
+from services.common.weight_sync.codec import decode_state_dict
 from services.common.weight_sync.errors import WeightSyncError
 from services.common.weight_sync.method import (
     Fetch,
@@ -119,7 +120,7 @@ class CheckpointMethod(SyncMethod):
         await client.notify_checkpoint(result.version, result.step, result.checkpoint_path)
 
     def fetch(self, client: Any, receiver: Receiver) -> Fetch:
-        return CheckpointFetch(receiver.load)
+        return CheckpointFetch(receiver.load, delta=getattr(client, "delta_pulls", False))
 
 
 class MemoryFetch:
@@ -136,15 +137,30 @@ class MemoryFetch:
 
 
 class CheckpointFetch:
-    """checkpoint: read the published file named in the answer and load it."""
+    """checkpoint: read the published file named in the answer and load it. With `delta` the payload
+    read is kept, and the next version is read as the delta from it when the trainer wrote one
+    (`checkpoint.read_payload`); `bytes_full` / `bytes_delta` count what was read."""
 
-    def __init__(self, load: Load, device: str | torch.device = "cpu"):
-        self.load, self.device = load, device
+    def __init__(self, load: Load, device: str | torch.device = "cpu", delta: bool = False):
+        self.load, self.device, self.delta = load, device, delta
+        self.held: tuple[int, bytearray] | None = None
+        self.bytes_full = self.bytes_delta = 0
 
     async def __call__(self, answer: WaitAnswer) -> int:
         mv = answer.model_version
-        state_dict = await asyncio.to_thread(read_state_dict, mv.checkpoint_path, self.device)
+        if not self.delta:
+            state_dict = await asyncio.to_thread(read_state_dict, mv.checkpoint_path, self.device)
+            await self.load(state_dict.items(), int(mv.version))
+            return int(mv.version)
+        path = mv.checkpoint_path
+        payload, nbytes, from_delta = await asyncio.to_thread(read_payload, path, self.held)
+        if from_delta:
+            self.bytes_delta += nbytes
+        else:
+            self.bytes_full += nbytes
+        state_dict, _ = await asyncio.to_thread(decode_state_dict, payload, self.device)
         await self.load(state_dict.items(), int(mv.version))
+        self.held = (int(mv.version), payload)
         return int(mv.version)
 
 

@@ -52,6 +52,7 @@ class TransportOptions:
     chunk_bytes: int = DEFAULT_CHUNK_BYTES  # memory
     checkpoint_dir: str | None = None  # checkpoint: the run's state-dict folder
     keep: int = 2  # checkpoint: versions kept on disk
+    delta: bool = False  # checkpoint: also write each version's delta from the one before (delta_sync)
 
 
 def transport_options(
@@ -68,6 +69,7 @@ def transport_options(
         master_address=config.services.trainer.host,
         chunk_bytes=s.chunk_bytes,
         checkpoint_dir=checkpoint_dir,
+        delta=s.delta_sync,
     )
 
 
@@ -213,7 +215,7 @@ class CheckpointTransport:
 
     def send(self, version: int, named_tensors: NamedTensors, step: int | None = None) -> Delivery:
         sd = named_tensors if isinstance(named_tensors, Mapping) else dict(named_tensors)
-        path = self.store.save(version, sd)
+        path = self.store.save(version, sd, delta=self.options.delta)
         return Delivery(version, _step(version, step), path=str(path))
 
     def receive(self, delivery: Delivery) -> Iterator[tuple[str, torch.Tensor]]:

@@ -1,7 +1,8 @@
 """A run that drives itself across five processes (synchronizer, buffer, trainer, two explorers) for
 each weight-sync method: weights arrive bit for bit (SHA-256 of what the trainer sent == of what each
 explorer's engine holds after loading, per version; `memory_bf16`, named as a plug-in would be by its
-class path, and `nccl` with `wire_dtype: bfloat16` send the bf16-rounded weights), `model_version` advances, the sync plan's
+class path, and `nccl` and `checkpoint` with `wire_dtype: bfloat16` send the bf16-rounded weights; the
+latter also as deltas beside the files), `model_version` advances, the sync plan's
 interleaving holds (read from the synchronizer's event history: with `sync_offset` 0 every explore
 step s runs on weights >= s - 1; with 1 an explorer runs step 2 before the first version exists),
 the explorers stop when their data ends, the trainer drains the buffer, saves the final step with
@@ -48,7 +49,13 @@ BF16_AS_PLUGIN = "services.common.weight_sync.bf16_wire:Bf16WireMethod"  # `memo
 
 @pytest.mark.parametrize(
     ("method", "offset", "wire"),
-    [("memory", 0, "auto"), ("checkpoint", 1, "auto"), (BF16_AS_PLUGIN, 0, "auto"), ("nccl", 0, "bfloat16")],
+    [
+        ("memory", 0, "auto"),
+        ("checkpoint", 1, "auto"),
+        (BF16_AS_PLUGIN, 0, "auto"),
+        ("nccl", 0, "bfloat16"),
+        ("checkpoint", 0, "bfloat16"),  # about half the bf16 words change: deltas beside the files
+    ],
 )
 def test_sync_run_delivers_bit_exact_weights_on_plan(run: RunHarness, method: str, offset: int, wire: str):
     steps = 3
@@ -74,6 +81,9 @@ def test_sync_run_delivers_bit_exact_weights_on_plan(run: RunHarness, method: st
     if offset == 1:  # the explorer that fed the first batch ran its step 2 on version 0: a pipeline
         assert min(h[2] for h in held.values()) == 0, held
     _check_end(run, 2 * steps)
+    if method == "checkpoint" and wire == "bfloat16":  # the explorers read deltas (bit-exact above)
+        folder = run.job_dir / "state_dicts"
+        assert list(folder.glob("*.delta")), sorted(p.name for p in folder.iterdir())
 
 
 def test_sync_nccl_member_dies_mid_sync_then_rejoins(run: RunHarness):
