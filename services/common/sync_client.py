@@ -326,7 +326,7 @@ class SyncClient:
         delta applied to the held one (`WeightSyncError` when it does not apply: pull in full then);
         kept as the held payload like a pull."""
         held = self._held if self.delta_pulls else None
-        mv, payload = await self._payload_of(raws, held, via="relayed")
+        mv, payload = await self._payload_of(raws, held, relayed=True)
         self._held = (int(mv.version), payload) if self.delta_pulls else None
         state_dict, _ = await asyncio.to_thread(decode_state_dict, payload, device)
         return mv, state_dict
@@ -342,13 +342,20 @@ class SyncClient:
         return await self._payload_of(raws, held)
 
     async def _payload_of(
-        self, raws: Sequence[bytes], held: tuple[int, bytearray] | None, via: str = "pulled"
+        self, raws: Sequence[bytes], held: tuple[int, bytearray] | None, relayed: bool = False
     ) -> tuple[common_pb2.ModelVersion, bytearray]:
         """A version's raw chunks as its full payload: joined, and a delta applied to `held`; the
-        bytes are counted as `via` ("pulled" from the synchronizer, "relayed" from a relay)."""
+        bytes count as pulled from the synchronizer, or with `relayed` as read from a relay's copy."""
         mv, base, data = await asyncio.to_thread(join_raw_chunks, raws)
-        kind = "full" if base is None else "delta"
-        setattr(self, f"{via}_bytes_{kind}", getattr(self, f"{via}_bytes_{kind}") + len(data))
+        if relayed:
+            if base is None:
+                self.relayed_bytes_full += len(data)
+            else:
+                self.relayed_bytes_delta += len(data)
+        elif base is None:
+            self.pulled_bytes_full += len(data)
+        else:
+            self.pulled_bytes_delta += len(data)
         if base is None:
             return mv, data
         if held is None or held[0] != base:

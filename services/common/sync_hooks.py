@@ -243,14 +243,12 @@ class ExplorerSyncGate:
                 t_fetch = time.perf_counter()
                 try:
                     loaded = await self.fetch(answer)
-                except grpc.aio.AioRpcError as exc:
-                    if not is_away(exc):
-                        raise
-                    # the synchronizer stopped, restarted (it lost the payload) or moved on to a newer
-                    # version while this explorer pulled: ask again, as when a wait finds it away
-                    await backoff.wait(deadline - time.monotonic())
-                    continue
                 except Exception as exc:
+                    if is_away(exc):
+                        # the synchronizer stopped, restarted (it lost the payload) or moved on to a
+                        # newer version while this explorer pulled: ask again, as when a wait finds it away
+                        await backoff.wait(deadline - time.monotonic())
+                        continue
                     await self.client.report_load(
                         offered, False, answer.generation, f"{type(exc).__name__}: {exc}", self.timeout_s
                     )

@@ -6,17 +6,16 @@ root/state_dict_v00000012.safetensors   one file per version (tied weights store
 root/state_dict_v00000012.from_v00000011.delta   with `delta`: the change from the version before
 root/latest_state_dict_iteration.txt    the published version number, written LAST
 ```
-Publishing is crash-safe: the file is written to a temporary name in the same folder, fsynced and
-renamed into place (`stage`), then the marker is replaced the same way (`publish`). A crash at any
-point leaves the previously published version readable; a staged but unpublished file is never
+Each file is the codec's safetensors payload (`codec.encode_state_dict_buffer`: the same header for
+every version of one model). Publishing is crash-safe: the file is written to a temporary name in the
+same folder, fsynced and renamed into place (`stage`), then the marker is replaced the same way
+(`publish`). A crash at any point leaves the previously published version readable; a staged but unpublished file is never
 read through `latest`. After publishing, versions beyond the newest `keep` are pruned (the published
 one is never removed). Reading uses safetensors only - nothing is unpickled.
 
-Deltas (`save(..., delta=True)`, `synchronizer.delta_sync`). Each file is the codec's safetensors
-payload (`codec.encode_state_dict_buffer`; the same header for every version of one model), so before
-publishing a version the store also writes, next to it, the delta from the published version before it
-(`delta.make_delta`: XOR of the words as byte planes, zstd, a crc32 per tensor), when that is smaller
-than `max_ratio` of the file. An explorer that holds the previous version's payload reads the delta
+Deltas (`save(..., delta=True)`, `synchronizer.delta_sync`). Before publishing a version the store
+also writes, next to it, the delta from the published version before it (`delta.make_delta`: XOR of
+the words as byte planes, zstd, a crc32 per tensor), when that is smaller than `max_ratio` of the file. An explorer that holds the previous version's payload reads the delta
 instead of the file (`read_payload`): N explorers read N deltas from the shared folder, not N files. The
 full file is always written, for late joiners and any reader without the base.
 """
@@ -30,16 +29,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import safetensors
-import safetensors.torch
 import torch
 
-from services.common.weight_sync.codec import (
-    CodecError,
-    encode_state_dict_buffer,
-    metadata_of,
-    restore_aliases,
-    split_aliases,
-)
+from services.common.weight_sync.codec import CodecError, encode_state_dict_buffer, restore_aliases
 from services.common.weight_sync.delta import DeltaMismatchError, apply_delta, make_delta
 from services.common.weight_sync.errors import CheckpointNotFoundError
 
@@ -94,11 +86,13 @@ class CheckpointStore:
 
     def stage(self, version: int, state_dict: Mapping[str, torch.Tensor]) -> Path:
         """Write the file of `version` atomically without publishing it; returns its path."""
+        return self._write(version, encode_state_dict_buffer(state_dict))
+
+    def _write(self, version: int, payload: bytes | bytearray) -> Path:
+        """The codec's safetensors payload as the file of `version`, written atomically."""
         self.root.mkdir(parents=True, exist_ok=True)
-        unique, aliases = split_aliases(state_dict)
-        meta = metadata_of(aliases, {"rft.version": str(version)})
         path = self.path_of(version)
-        _atomic_write(path, lambda tmp: safetensors.torch.save_file(unique, tmp, metadata=meta))
+        _atomic_write(path, lambda tmp: Path(tmp).write_bytes(payload))
         return path
 
     def publish(self, version: int) -> None:
@@ -119,25 +113,24 @@ class CheckpointStore:
         delta: bool = False,
         max_ratio: float = 0.9,
     ) -> Path:
-        """`stage` + `publish`; with `delta`, the file is the codec's payload and the delta from the
-        published version (when it is under `max_ratio` of the file) is written before publishing."""
-        if not delta:
-            path = self.stage(version, state_dict)
-            self.publish(version)
-            return path
-        self.root.mkdir(parents=True, exist_ok=True)
+        """`stage` + `publish`; with `delta`, the delta from the published version (when it is under
+        `max_ratio` of the file) is written beside the file before publishing."""
         payload = encode_state_dict_buffer(state_dict)
-        path = self.path_of(version)
-        _atomic_write(path, lambda tmp: Path(tmp).write_bytes(payload))
-        self.delta_bytes = 0
-        base = self.latest_version()
-        if base is not None and base < version and self.path_of(base).is_file():
-            d = make_delta(self.path_of(base).read_bytes(), payload, base, version)
-            if d is not None and len(d) < max_ratio * len(payload):
-                _atomic_write(delta_path(path, base), lambda tmp: Path(tmp).write_bytes(d))
-                self.delta_bytes = len(d)
+        path = self._write(version, payload)
+        self.delta_bytes = self._write_delta(version, payload, max_ratio) if delta else 0
         self.publish(version)
         return path
+
+    def _write_delta(self, version: int, payload: bytes | bytearray, max_ratio: float) -> int:
+        """Write the delta from the published version to `payload`; its size, 0 when none is written."""
+        base = self.latest_version()
+        if base is None or base >= version or not self.path_of(base).is_file():
+            return 0
+        d = make_delta(self.path_of(base).read_bytes(), payload, base, version)
+        if d is None or len(d) >= max_ratio * len(payload):
+            return 0
+        _atomic_write(delta_path(self.path_of(version), base), lambda tmp: Path(tmp).write_bytes(d))
+        return len(d)
 
     def versions(self) -> list[int]:
         """Versions with a complete file on disk (published or not), ascending."""

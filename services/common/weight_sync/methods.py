@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from services.common.weight_sync.checkpoint import read_payload, read_state_dict
+from services.common.weight_sync.checkpoint import read_payload
 from services.common.weight_sync.codec import decode_state_dict
 from services.common.weight_sync.errors import WeightSyncError
 from services.common.weight_sync.method import (
@@ -148,19 +148,14 @@ class CheckpointFetch:
 
     async def __call__(self, answer: WaitAnswer) -> int:
         mv = answer.model_version
-        if not self.delta:
-            state_dict = await asyncio.to_thread(read_state_dict, mv.checkpoint_path, self.device)
-            await self.load(state_dict.items(), int(mv.version))
-            return int(mv.version)
-        path = mv.checkpoint_path
-        payload, nbytes, from_delta = await asyncio.to_thread(read_payload, path, self.held)
+        payload, nbytes, from_delta = await asyncio.to_thread(read_payload, mv.checkpoint_path, self.held)
         if from_delta:
             self.bytes_delta += nbytes
         else:
             self.bytes_full += nbytes
         state_dict, _ = await asyncio.to_thread(decode_state_dict, payload, self.device)
         await self.load(state_dict.items(), int(mv.version))
-        self.held = (int(mv.version), payload)
+        self.held = (int(mv.version), payload) if self.delta else None
         return int(mv.version)
 
 

@@ -59,6 +59,10 @@ class VersionNotHeld(WeightSyncError, LookupError):
     """The relay neither holds nor is receiving the version asked for."""
 
 
+def _kind(base: int | None) -> str:
+    return "a full payload" if base is None else f"a delta from version {base}"
+
+
 @dataclass
 class ChunkCheck(StreamCheck):
     """`StreamCheck` over raw chunks (as the synchronizer's `PushAssembly` checks a push): with
@@ -76,9 +80,8 @@ class ChunkCheck(StreamCheck):
             raise MissingChunkError(f"chunk 0 is a delta from version {base}, the puller holds {self.have}")
         if self.count and base != self.base:
             raise MissingChunkError(
-                f"chunk {c.index} is {'a delta from version ' + str(base) if base is not None else 'a full payload'}, "
-                f"the stream's chunk 0 was {'a delta from version ' + str(self.base) if self.base is not None else 'a full payload'}"
-            )  # fmt: skip
+                f"chunk {c.index} is {_kind(base)}, the stream's chunk 0 was {_kind(self.base)}"
+            )
         if self.count == 0:
             self.base = base
         if self.expect and c.version.version != self.expect:
