@@ -80,10 +80,12 @@ from services.common.log import configure_logging  # noqa: E402
 from services.common.rpc import create_channel  # noqa: E402
 from services.common.sync_client import SyncClient  # noqa: E402
 from services.common.sync_hooks import ExplorerSyncGate  # noqa: E402
+from services.common.sync_policy import SyncPlan  # noqa: E402
 from services.common.weight_sync import sync_method  # noqa: E402
 from services.common.weight_sync.method import Receiver  # noqa: E402
 from services.common.weight_sync.methods import MemoryFetch  # noqa: E402
 from services.common.weight_sync.relay_fetch import RelayFetch, relay_fetch  # noqa: E402
+from services.common.weight_sync.relay_notice import tree_wait  # noqa: E402
 from services.common.weight_sync.relay_rpc import serve_relay  # noqa: E402
 
 GROUP, PROMPT, RESPONSE = 8, 64, 192
@@ -116,6 +118,8 @@ class ExplorerLog:
     relay_loads: int = 0  # fan-out: versions loaded from this explorer's relay
     relay_delta_loads: int = 0  # fan-out: of relay_loads, the versions relayed as a delta
     relay_fallbacks: int = 0  # fan-out: versions the relay could not bring (pulled from the synchronizer)
+    waits_at_synchronizer: int = 0  # fan-out: waits the synchronizer answered (the rest: the parent's relay)
+    waits_at_parent: int = 0
 
 
 def cpu_seconds(pid: int) -> float:
@@ -227,7 +231,9 @@ async def explorer(name: str, buffer_addr: str, sync_addr: str, p: FleetParams) 
         fetch = relay_fetch(sync_method(p.method), sync, Receiver(load), sync.relay.node)
     else:
         fetch = MemoryFetch(sync, load)
-    gate = ExplorerSyncGate(sync, fetch=fetch, timeout_s=120)
+    # with fan-out the waits go to the parent's relay, as in the explorer service (relay_notice.py)
+    tree = tree_wait(sync, SyncPlan(offset=p.sync_offset)) if p.fanout > 0 else None
+    gate = ExplorerSyncGate(sync, fetch=fetch, timeout_s=120, tree=tree)
     await sync.register()  # after the relay is set: the registration carries its address
     gen_s = p.groups * GROUP * RESPONSE / p.tokens_per_s
     for step in range(1, p.steps + 1):
@@ -247,6 +253,8 @@ async def explorer(name: str, buffer_addr: str, sync_addr: str, p: FleetParams) 
     if isinstance(fetch, RelayFetch):
         out.relay_loads, out.relay_fallbacks = fetch.puller.from_relay, fetch.fallbacks
         out.relay_delta_loads = getattr(fetch.puller, "delta_loads", 0)
+    if tree is not None:
+        out.waits_at_synchronizer, out.waits_at_parent = tree.via_synchronizer, tree.via_parent
     await sync.leave(ok=True)
     await sync.close()  # closes the relay too (SyncClient.relay)
     await channel.close()
@@ -370,6 +378,8 @@ async def run_fleet(
         "relay_loads": sum(lg.relay_loads for lg in logs),
         "relay_delta_loads": sum(lg.relay_delta_loads for lg in logs),
         "relay_fallbacks": sum(lg.relay_fallbacks for lg in logs),
+        "waits_at_synchronizer": sum(lg.waits_at_synchronizer for lg in logs),
+        "waits_at_parent": sum(lg.waits_at_parent for lg in logs),
         "bf16_changed": round(statistics.median(tr.bf16_changed), 4) if tr.bf16_changed else None,
         "client_busy": round(max(client_busy), 2),
         "acked": tr.acked,
@@ -448,7 +458,13 @@ def main() -> None:
     cols = ["n", "experiences_per_s", "per_explorer_per_s", "put_p50_ms", "put_p99_ms", "lease_p50_ms",
             "lease_p99_ms", "push_s", "reach_all_s", "sync_cpu_s_per_step", "delta_bytes_ratio", "client_busy"]  # fmt: skip
     if p.fanout > 0:
-        cols += ["relay_loads", "relay_delta_loads", "relay_fallbacks"]
+        cols += [
+            "relay_loads",
+            "relay_delta_loads",
+            "relay_fallbacks",
+            "waits_at_synchronizer",
+            "waits_at_parent",
+        ]
     print(f"fleet scale: {p.steps} steps per N, {p.groups * GROUP} experiences of {PROMPT + RESPONSE} tokens "
           f"per explorer step, {p.weights_mb:g} MB weights, explorer processes: {args.procs}, "
           f"fanout: {p.fanout}")  # fmt: skip

@@ -144,7 +144,9 @@ class SyncClient:
         """One heartbeat (status 0 = unchanged; STOPPED/FAILED leave the run)."""
         if step is not None:
             self.step = step
-        req = synchronizer_pb2.HeartbeatRequest(member_id=self.member_id, status=status, step=self.step)
+        req = synchronizer_pb2.HeartbeatRequest(
+            member_id=self.member_id, status=status, step=self.step, model_version=self.model_version
+        )
         resp = await self.stub.Heartbeat(req, timeout=self.timeout_s)
         self.generation = resp.generation
         if resp.sync_pending and self.on_sync_pending is not None:

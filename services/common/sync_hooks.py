@@ -32,6 +32,8 @@ the trainer stands.
 `step_metrics()` splits the last `before_step` into the time blocked on the plan
 (`time/wait_for_weights`; ~one RPC when the style never waits: trainer_driven, fully_async) and the
 time fetching and loading weights (`time/load_weights`).
+With fan-out (`tree=relay_notice.tree_wait(client, plan)`) the waits are asked of the parent's relay
+and a successful load is not reported (the heartbeats carry the held version): relay_notice.py.
 A synchronizer that is away (restarting: UNAVAILABLE; it forgot this member: NOT_FOUND, then the gate
 registers again) is waited for within the same window. The end of the run raises `RunFinished`. A broken or stale broadcast group (`GroupBrokenError`,
 `StaleGenerationError`: a member died or the group changed mid-sync) is reported and waited out:
@@ -53,6 +55,7 @@ from services.common.sync_away import Backoff, is_away, synchronizer_away
 from services.common.sync_client import RunFinished, SyncClient, SyncWaitTimeout
 from services.common.weight_sync import GroupBrokenError, StaleGenerationError, TensorSpec
 from services.common.weight_sync.method import Published, SyncMethod, WaitAnswer, sync_method
+from services.common.weight_sync.relay_notice import TreeWait
 from services.common.weight_sync.superseded import check_generation, join_unless_superseded
 
 
@@ -160,8 +163,9 @@ class ExplorerSyncGate:
         fetch: Callable[[WaitAnswer], Awaitable[int]],
         timeout_s: float | None = None,
         method: str | SyncMethod | None = None,
+        tree: TreeWait | None = None,
     ):
-        self.client, self.fetch = client, fetch
+        self.client, self.fetch, self.tree = client, fetch, tree
         self.method = sync_method(method) if method is not None else None
         self.timeout_s = timeout_s or client.sync_timeout_s
         self.held = client.model_version
@@ -223,7 +227,10 @@ class ExplorerSyncGate:
                 deadline, trainer_step = await self._extend_or_give_up(step, required, trainer_step)
                 continue
             try:
-                answer = await self.client.wait_for_version(step=step, timeout_s=remaining)
+                if self.tree is not None:  # fan-out: asked of the parent's relay (relay_notice.py)
+                    answer = await self.tree.wait(step, self.held, remaining)
+                else:
+                    answer = await self.client.wait_for_version(step=step, timeout_s=remaining)
             except grpc.aio.AioRpcError as exc:
                 await synchronizer_away(exc, self.client.register)
                 await backoff.wait(remaining)
@@ -262,6 +269,11 @@ class ExplorerSyncGate:
                     self.waiting_for = None
                     self._loading += time.perf_counter() - t_fetch
                 self.notify_version(loaded)
+                if self.tree is not None:  # the held version reaches the synchronizer with heartbeats
+                    self.tree.loaded(step)
+                    if self.held >= answer.required_version:
+                        return
+                    continue
                 if self.held >= answer.required_version:
                     # the step may start now: the success report goes out while it samples
                     self._report = asyncio.create_task(

@@ -50,6 +50,7 @@ from services.common.sync_client import RunFinished, SyncClient, SyncWaitTimeout
 from services.common.sync_hooks import ExplorerSyncGate
 from services.common.weight_sync.method import Receiver
 from services.common.weight_sync.relay_fetch import explorer_fetch
+from services.common.weight_sync.relay_notice import tree_wait
 from services.explorer.auxiliary import build_auxiliary_models
 from services.explorer.core import ExplorerCore, find_checkpoints
 from services.explorer.engines import build_engines
@@ -184,7 +185,10 @@ async def attach_synchronizer(
         core.rewind_to(trainer_step)
     await client.register(step=core.step, model_version=core.model_version)
     await client.start()
-    core.gate = ExplorerSyncGate(client, fetch, method=method)
+    # with fan-out the waits go to the parent's relay (version notices down the tree)
+    core.gate = ExplorerSyncGate(
+        client, fetch, method=method, tree=tree_wait(client, core.settings.sync_plan)
+    )
     if inflight:
         core.inflight = InflightFollower(
             client, fetch, method, lambda: core.model_version,

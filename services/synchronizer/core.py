@@ -241,7 +241,7 @@ class SynchronizerCore:
                 m.model_version = max(m.model_version, model_version)
             if status is not None and not status.alive:
                 m.status = status
-                self._record("left", member_id, detail=status.name)
+                self._record("left", member_id, m.model_version, detail=status.name)
                 if m.role == Role.TRAINER and status == MemberStatus.STOPPED:
                     self.finished = True
                 else:

@@ -83,7 +83,12 @@ class SynchronizerServicer(synchronizer_pb2_grpc.SynchronizerServiceServicer):
     async def Heartbeat(self, request, context):
         published, pending, gen = await _guard(
             context,
-            lambda: self.core.heartbeat(request.member_id, _status(request.status), request.step or None),
+            lambda: self.core.heartbeat(
+                request.member_id,
+                _status(request.status),
+                request.step or None,
+                request.model_version or None,
+            ),
         )
         return synchronizer_pb2.HeartbeatResponse(
             model_version=_version(published), sync_pending=pending, generation=gen

@@ -58,14 +58,16 @@ class RegisterResponse(_message.Message):
     def __init__(self, model_version: _Optional[_Union[_common_pb2.ModelVersion, _Mapping]] = ..., heartbeat_timeout_s: _Optional[int] = ..., sync_method: _Optional[str] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("member_id", "status", "step")
+    __slots__ = ("member_id", "status", "step", "model_version")
     MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     member_id: str
     status: _common_pb2.MemberStatus
     step: int
-    def __init__(self, member_id: _Optional[str] = ..., status: _Optional[_Union[_common_pb2.MemberStatus, str]] = ..., step: _Optional[int] = ...) -> None: ...
+    model_version: int
+    def __init__(self, member_id: _Optional[str] = ..., status: _Optional[_Union[_common_pb2.MemberStatus, str]] = ..., step: _Optional[int] = ..., model_version: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("model_version", "sync_pending", "generation")

@@ -37,16 +37,38 @@ from services.common.weight_sync.relay import (
     VersionStream,
     pull_version,
 )
+from services.common.weight_sync.relay_notice import Notices, NoticeUnavailable
 
 SERVICE_NAME = "rft.v1.SynchronizerService"
 PULL = f"/{SERVICE_NAME}/PullWeights"
 
 
 class RelayServicer:
-    """`PullWeights` over a `RelayStore` (the only method a relay serves)."""
+    """`PullWeights` over a `RelayStore`, and `WaitForVersion` from the relay's `Notices` (version
+    notices down the tree, `relay_notice.py`; without them the relay does not answer it)."""
 
-    def __init__(self, store: RelayStore, wait_s: float = 30.0, on_miss: Callable[[int], None] | None = None):
-        self.store, self.wait_s, self.on_miss = store, wait_s, on_miss
+    def __init__(
+        self,
+        store: RelayStore,
+        wait_s: float = 30.0,
+        on_miss: Callable[[int], None] | None = None,
+        notices: Notices | None = None,
+    ):
+        self.store, self.wait_s, self.on_miss, self.notices = store, wait_s, on_miss, notices
+
+    async def WaitForVersion(self, request: synchronizer_pb2.WaitForVersionRequest, context):
+        if self.notices is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this relay does not answer WaitForVersion")
+        if request.step:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"step: a relay answers min_version only (the explorer applies the sync plan), got step {request.step}",
+            )
+        timeout = request.timeout_ms / 1000 if request.timeout_ms > 0 else self.wait_s
+        try:
+            return await self.notices.answer(request.min_version, timeout)
+        except NoticeUnavailable as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"no source answered the relay: {exc}"[:1000])
 
     async def PullWeights(
         self, request: synchronizer_pb2.PullWeightsRequest, context
@@ -83,17 +105,25 @@ def add_to_server(servicer: RelayServicer, server: grpc.aio.Server) -> None:
             servicer.PullWeights,
             request_deserializer=synchronizer_pb2.PullWeightsRequest.FromString,
             response_serializer=_identity,
-        )
+        ),
+        "WaitForVersion": grpc.unary_unary_rpc_method_handler(
+            servicer.WaitForVersion,
+            request_deserializer=synchronizer_pb2.WaitForVersionRequest.FromString,
+            response_serializer=synchronizer_pb2.WaitForVersionResponse.SerializeToString,
+        ),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
 
 def registration(
-    store: RelayStore, wait_s: float = 30.0, on_miss: Callable[[int], None] | None = None
+    store: RelayStore,
+    wait_s: float = 30.0,
+    on_miss: Callable[[int], None] | None = None,
+    notices: Notices | None = None,
 ) -> tuple:
     """The (add_fn, servicer, name) triple `start_server` takes."""
-    return (add_to_server, RelayServicer(store, wait_s, on_miss), SERVICE_NAME)
+    return (add_to_server, RelayServicer(store, wait_s, on_miss, notices), SERVICE_NAME)
 
 
 def peer_channel(address: str, **kw) -> grpc.aio.Channel:
@@ -117,12 +147,16 @@ class PeerSources:
         self._channels: dict[str, grpc.aio.Channel] = {ROOT: synchronizer}
         self._owned: list[grpc.aio.Channel] = []
 
-    def source(self, address: str) -> Source:
+    def channel(self, address: str) -> grpc.aio.Channel:
+        """The channel to `address` (`ROOT`: the synchronizer's), opened on first use."""
         channel = self._channels.get(address)
         if channel is None:
             channel = self._channels[address] = self._connect(address)
             self._owned.append(channel)
-        pull = channel.unary_stream(
+        return channel
+
+    def source(self, address: str) -> Source:
+        pull = self.channel(address).unary_stream(
             PULL, request_serializer=synchronizer_pb2.PullWeightsRequest.SerializeToString,
             response_deserializer=None,
         )  # fmt: skip
@@ -182,9 +216,11 @@ class RelayNode:
         self.chain: tuple[str, ...] | None = None  # the chain of the last fetch
         self.held: Callable[[], int | None] = lambda: None  # the version a delta may be from
         self._through: set[asyncio.Task] = set()
+        # version notices for the children (relay_notice.py): upstream along the last fetch's chain
+        self.notices = Notices(member_id, self.peers.channel, lambda: self.chain or (ROOT,))
 
     def registration(self) -> tuple:
-        return registration(self.store, self.wait_s, self._pull_through)
+        return registration(self.store, self.wait_s, self._pull_through, self.notices)
 
     async def fetch(self, version: int, chain: Sequence[str], have: int | None = None) -> VersionStream:
         """The complete stream of `version`, pulled along `chain` (nearest first), a delta from `have`

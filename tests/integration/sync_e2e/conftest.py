@@ -122,9 +122,11 @@ class RunHarness:
         heartbeat_timeout: float = 6,
         fanout: int = 0,
         wire_dtype: str = "auto",
+        train_batch_size: int = 0,
     ) -> Path:
         """Each of the two explorers gets `steps_per_explorer` steps of data (its shard of the
-        taskset); no `total_steps`, so the run ends when the data does and the trainer drained it."""
+        taskset); no `total_steps`, so the run ends when the data does and the trainer drained it.
+        `train_batch_size` 8 makes each trainer step take a step of both explorers (lockstep)."""
         rows = make_arithmetic_rows(2 * 2 * steps_per_explorer, seed=3)  # 2 explorers x batch_size 2
         self.taskset.write_text("".join(json.dumps(r) + "\n" for r in rows))
         cfg = self.root / "run.yaml"
@@ -141,6 +143,7 @@ algorithm:
   kl_loss_fn: none
 buffer:
   batch_size: 2
+  train_batch_size: {train_batch_size}
   explorer_input:
     taskset: {{name: arith, path: {self.taskset}, default_workflow_type: arithmetic,
                format: {{prompt_key: question, response_key: answer}},

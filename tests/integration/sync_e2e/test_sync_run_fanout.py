@@ -1,7 +1,9 @@
 """The memory method with `synchronizer.fanout: 1` across five processes (synchronizer, buffer,
 trainer, two explorers): each explorer serves a weight relay, the synchronizer chains them (the first
 to register pulls from the synchronizer, the other from the first's relay), and every version still
-arrives bit for bit (SHA-256 of what the trainer sent == of what each explorer's engine holds)."""
+arrives bit for bit (SHA-256 of what the trainer sent == of what each explorer's engine holds). The
+second explorer asks the first's relay for the version each step needs (relay_notice.py), and neither
+reports its loads each step: the synchronizer hears the held version from their heartbeats."""
 
 from __future__ import annotations
 
@@ -15,7 +17,9 @@ pytestmark = pytest.mark.slow
 
 def test_sync_run_fanout_relays_bit_exact_weights(run: RunHarness):
     steps = 3
-    run.write_config("memory", steps_per_explorer=steps, fanout=1)
+    # each trainer step takes one step of each explorer, so the two run side by side (else the first
+    # to start could finish before the other registers, and both would be children of the root)
+    run.write_config("memory", steps_per_explorer=steps, fanout=1, train_batch_size=8)
     run.start_core()
     procs = [run.start_trainer(), run.start_explorer(0), run.start_explorer(1)]
     for proc in procs:
@@ -28,4 +32,16 @@ def test_sync_run_fanout_relays_bit_exact_weights(run: RunHarness):
         assert "relay fetch failed; pulling from the synchronizer" not in events, proc.tail()
         chains |= {line["relays"] for line in proc.lines() if line.get("event") == "weights relayed"}
     assert chains == {0, 1}  # one explorer pulled from the synchronizer, the other from its relay
-    _check_end(run, 2 * steps)
+    notices = [
+        any(line.get("event") == "version notices from the parent relay" for line in proc.lines())
+        for proc in procs[1:]
+    ]
+    assert sorted(notices) == [False, True], notices  # the child asked its parent's relay
+    events = run.events()
+    reported = [e for e in events if e["kind"] == "reported" and e["member_id"].startswith("explorer")]
+    assert not [e for e in reported if e["detail"].startswith("ok")], reported
+    for i, proc in enumerate(procs[1:]):
+        relayed = max(line["version"] for line in proc.lines() if line.get("event") == "weights relayed")
+        left = [e for e in events if e["kind"] == "left" and e["member_id"] == f"explorer-{i}"]
+        assert left and left[-1]["version"] == relayed, (left, relayed)  # the heartbeat said it
+    _check_end(run, steps)
