@@ -20,6 +20,11 @@ model, for each `synchronizer.sync_method`, against a raw transfer of the same b
   wire (delta vs full payload) and times; target: delta bytes <= 0.5x the full bf16 payload.
 - checkpoint: `CheckpointStore.save` (atomic, fsynced) then `read_state_dict` + `load_weights`
   (no baseline; reported for comparison).
+- memory_star4, memory_tree4: fan-out (`synchronizer.fanout`): the trainer pushes once and 4 explorers'
+  relays (`relay_rpc.serve_relay`, in this process) fetch the version, each then joining, decoding and
+  loading its copy; timed until the last is loaded. Star: all 4 pull from the synchronizer (fanout 0,
+  the baseline); tree: `plan_tree(fanout 2)`, the synchronizer sends 2 copies and each of those relays
+  forwards chunks as they arrive to its child. Full payloads (no deltas), each mode its own relays.
 Interleaved repetitions, median. Last line: one JSON object with the figures, the baselines, "ratio"
 (baseline time / ours; top-level = the nccl method) and "target" (nccl <= 1.5x raw: 0.67; memory <=
 2x raw: 0.5; "delta_bytes_ratio" = bf16 delta bytes / full bf16 bytes, "delta_target" 0.5).
@@ -61,6 +66,11 @@ from services.common.weight_sync import (  # noqa: E402
     specs_of,
     sync_method,
 )
+from services.common.weight_sync.codec import decode_state_dict  # noqa: E402
+from services.common.weight_sync.fanout import ROOT as SYNCHRONIZER  # noqa: E402
+from services.common.weight_sync.fanout import plan_tree  # noqa: E402
+from services.common.weight_sync.memory import join_raw_chunks  # noqa: E402
+from services.common.weight_sync.relay_rpc import serve_relay  # noqa: E402
 
 SIZES = {  # name -> (vocab, hidden, intermediate, layers, heads, kv heads)
     "10M": (8192, 256, 1024, 8, 4, 2),
@@ -237,6 +247,27 @@ async def memory_ours(
     return time.perf_counter() - t0
 
 
+FANOUT_N, FANOUT_K = 4, 2  # the fan-out rows: explorers, tree fanout
+
+
+async def fanout_ours(
+    trainer: SyncClient, relays: list, chains: list[list[str]], sd, model, version: int
+) -> float:
+    """Push `sd` once; every relay fetches it along its chain, then each copy is joined, decoded and
+    loaded (into `model`, one after the other in this process); until the last is loaded."""
+    t0 = time.perf_counter()
+    await trainer.push_weights(sd, version=version, chunk_bytes=CHUNK)
+
+    async def one(relay, chain: list[str]) -> None:
+        stream = await relay.node.fetch(version, chain)
+        got, base, data = join_raw_chunks(stream.chunks)
+        assert base is None and got.version == version
+        load_weights(model, decode_state_dict(data)[0])
+
+    await asyncio.gather(*(one(r, c) for r, c in zip(relays, chains, strict=True)))
+    return time.perf_counter() - t0
+
+
 async def memory_raw(channel: grpc.aio.Channel, pieces: list[bytes]) -> float:
     push = channel.stream_unary(f"/{RAW_SERVICE}/Push", request_serializer=None, response_deserializer=None)
     pull = channel.unary_stream(f"/{RAW_SERVICE}/Pull", request_serializer=None, response_deserializer=None)
@@ -286,6 +317,18 @@ async def run(reps: int, step_size: float) -> dict:
         deltas = {(s, m): mk(f"delta-{s}-{m}", "explorer") for s in SIZES for m in ("memory", "memory_bf16")}
         for c in (trainer, explorer, *deltas.values()):
             await c.register()
+        relays, chains = {}, {}  # the fan-out rows: each mode its own relays, so a chain never changes
+        relay_channel = create_channel(f"127.0.0.1:{port}", timeout_s=600)
+        for mode, k in (("star", 0), ("tree", FANOUT_K)):
+            names = [f"{mode}-e{i}" for i in range(FANOUT_N)]
+            relays[mode] = [
+                await serve_relay(relay_channel, n, timeout_s=60, sync_timeout_s=600) for n in names
+            ]
+            address = {n: r.address for n, r in zip(names, relays[mode], strict=True)} | {
+                SYNCHRONIZER: SYNCHRONIZER
+            }
+            plan = plan_tree(names, k)
+            chains[mode] = [[address[a] for a in plan[n]] for n in names]
         progress("servers up")
         store = CheckpointStore(Path(tmp) / "state_dicts", keep=1)
         version, pushed = 0, 0
@@ -327,6 +370,10 @@ async def run(reps: int, step_size: float) -> dict:
                             wire_bytes[size].setdefault(f"{method}_delta", []).append(nbytes)
                             wire_bytes[size].setdefault(f"{method}_changed", []).append(changed)
                     row["checkpoint"] = checkpoint_ours(store, sds[size], explorers[size], version)
+                    for mode in ("star", "tree") if rep % 2 == 0 else ("tree", "star"):
+                        row[f"memory_{mode}{FANOUT_N}"] = await fanout_ours(
+                            trainer, relays[mode], chains[mode], sds[size], explorers[size], nxt()
+                        )
                     progress(f"rep {rep} {size}: " + " ".join(f"{k}={v:.3f}" for k, v in row.items()))
                     if rep:
                         for k, v in row.items():
@@ -337,6 +384,9 @@ async def run(reps: int, step_size: float) -> dict:
             progress("closing")
             for c in (trainer, explorer, *deltas.values()):
                 await c.close()
+            for r in (*relays["star"], *relays["tree"]):
+                await r.close()
+            await relay_channel.close()
             await raw_channel.close()
             sync_proc.terminate()
             sync_proc.wait(30)
@@ -396,6 +446,13 @@ def main() -> None:
             print(f"{'':>6} {method}_delta {m[f'{method}_delta']:.3f} s (full {m[method]:.3f} s), "
                   f"{d_b / 1e6:.2f} MB on the wire vs {full_b / 1e6:.1f} MB full ({d_b / full_b:.3f}x), "
                   f"{changed:.1%} of the words changed")  # fmt: skip
+        star, tree = m[f"memory_star{FANOUT_N}"], m[f"memory_tree{FANOUT_N}"]
+        out["sizes"][size]["fanout"] = {
+            "explorers": FANOUT_N, "fanout": FANOUT_K, "star_s": star, "tree_s": tree,
+            "ratio": round(star / tree, 3), "one_explorer_s": m["memory"],
+        }  # fmt: skip
+        print(f"{'':>6} fan-out to {FANOUT_N}: star {star:.3f} s, tree (fanout {FANOUT_K}) {tree:.3f} s "
+              f"({star / tree:.2f}x); one explorer {m['memory']:.3f} s")  # fmt: skip
     big = out["sizes"]["50M"]
     out["ratio"] = big["nccl"]["ratio"]
     out["target"] = 0.67
@@ -406,6 +463,7 @@ def main() -> None:
     out["delta_bytes_ratio"] = big["memory_bf16_delta"]["bytes_ratio"]
     out["delta_bytes_ratio_fp32"] = big["memory_delta"]["bytes_ratio"]
     out["delta_target"] = 0.5
+    out["fanout_ratio"] = big["fanout"]["ratio"]  # star / tree time to load 4 explorers, 50M
     print(json.dumps(out))
 
 
