@@ -348,21 +348,20 @@ class SyncClient:
     ) -> tuple[common_pb2.ModelVersion, bytearray]:
         """A version's raw chunks as its full payload: joined, and a delta applied to `held`; the
         bytes count as pulled from the synchronizer, or with `relayed` as read from a relay's copy."""
-        mv, base, data = await asyncio.to_thread(join_raw_chunks, raws)
+        # joined and the delta applied in one trip to a thread
+        mv, base, nbytes, payload = await asyncio.to_thread(_join_and_apply, raws, held)
         if relayed:
             if base is None:
-                self.relayed_bytes_full += len(data)
+                self.relayed_bytes_full += nbytes
             else:
-                self.relayed_bytes_delta += len(data)
+                self.relayed_bytes_delta += nbytes
         elif base is None:
-            self.pulled_bytes_full += len(data)
+            self.pulled_bytes_full += nbytes
         else:
-            self.pulled_bytes_delta += len(data)
-        if base is None:
-            return mv, data
-        if held is None or held[0] != base:
-            raise WeightSyncError(f"got a delta from version {base}, this receiver holds {held and held[0]}")
-        return mv, await asyncio.to_thread(apply_delta, held[1], data, base_version=base)
+            self.pulled_bytes_delta += nbytes
+        if isinstance(payload, WeightSyncError):  # counted above: the bytes did arrive
+            raise payload
+        return mv, payload
 
     async def notify_checkpoint(self, version: int, step: int, path: str) -> common_pb2.ModelVersion:
         req = common_pb2.ModelVersion(version=version, step=step, checkpoint_path=str(path))
@@ -374,3 +373,20 @@ class SyncClient:
         resp = await self.stub.GetWeightSyncInfo(req, timeout=self.timeout_s)
         self.generation = resp.group.generation
         return GroupInfo.from_proto(resp.group), list(resp.ranks)
+
+
+def _join_and_apply(
+    raws: Sequence[bytes], held: tuple[int, bytearray] | None
+) -> tuple[common_pb2.ModelVersion, int | None, int, bytearray | WeightSyncError]:
+    """(version, the delta's base or None, bytes received, the full payload, or the error when the
+    chunks are a delta that does not apply to the `held` payload)."""
+    mv, base, data = join_raw_chunks(raws)
+    if base is None:
+        return mv, None, len(data), data
+    if held is None or held[0] != base:
+        error = WeightSyncError(f"got a delta from version {base}, this receiver holds {held and held[0]}")
+        return mv, base, len(data), error
+    try:
+        return mv, base, len(data), apply_delta(held[1], data, base_version=base)
+    except WeightSyncError as exc:
+        return mv, base, len(data), exc

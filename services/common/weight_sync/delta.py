@@ -225,11 +225,14 @@ def apply_delta(base: Buffer, delta: Buffer, *, base_version: int | None = None)
                     f"tensor {t.name!r}: delta frame has {len(raw)} bytes, not {t.length}"
                 )
             planes = np.frombuffer(raw, dtype=np.uint8).reshape(t.word, -1)
-            # byte k of every word XORed with plane k in place (a strided ufunc: ~6x faster than
-            # interleaving the planes into words first)
-            target = np.frombuffer(out, dtype=np.uint8, count=t.length, offset=t.offset).reshape(-1, t.word)
-            for k in range(t.word):
-                np.bitwise_xor(target[:, k], planes[k], out=target[:, k])
+            # the planes shifted back into words (plane k is byte k, little-endian), XORed into the
+            # words in place: contiguous ufuncs, ~3x faster than XORing each plane into a strided view
+            xor = planes[t.word - 1].astype(_WORDS[t.word])
+            for k in range(t.word - 2, -1, -1):
+                xor <<= 8
+                xor |= planes[k]
+            words = _words(out, t.offset, t.length, t.word)
+            np.bitwise_xor(words, xor, out=words)
             pos += t.compressed
         if zlib.crc32(memoryview(out)[t.offset : t.offset + t.length]) != t.crc32:
             raise DeltaMismatchError(
