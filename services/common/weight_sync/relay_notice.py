@@ -14,9 +14,10 @@ synchronizer's work per step would grow with the fleet. Here the questions trave
   whatever N. A relay answers `step` 0 only: the plan's requirement is the explorer's to apply.
 - An explorer (`TreeWait`, used by the sync gate when the plan makes explorers wait) works out the
   version its step needs with the run's `SyncPlan` (as the synchronizer does for it), asks its
-  parent's relay for it, and asks the synchronizer when it has no parent (a child of the root, or
-  before its first answer named one) or when the parent does not answer (it died: the synchronizer's
-  answer names the new chain). What it holds and its step reach the synchronizer with its heartbeats
+  parent's relay for it (`ask_s` at a time, asked again while the parent answers "not yet"), and asks
+  the synchronizer when it has no parent (a child of the root, or before its first answer named one)
+  or when the parent does not answer (dead, or hung past the deadline: the synchronizer's answer
+  names the chain again). A relay gives up on a source up its chain that hangs the same way. What it holds and its step reach the synchronizer with its heartbeats
   (`SyncClient.heartbeat` carries `model_version`), so a successful load is not reported each step; a
   failed one still is.
 
@@ -58,10 +59,10 @@ class Notices:
         member_id: str,
         channel: Callable[[str], grpc.aio.Channel],
         chain: Callable[[], Sequence[str]],
-        rpc_timeout_s: float = 30.0,
+        slack_s: float = 5.0,
     ):
         self.member_id, self.channel, self.chain = member_id, channel, chain
-        self.rpc_timeout_s = rpc_timeout_s
+        self.slack_s = slack_s  # past the wait's own timeout: a source that hangs is given up on
         self.published = common_pb2.ModelVersion()
         self.finished = False
         self.sync_method, self.generation = "", 0
@@ -142,9 +143,7 @@ class Notices:
                     response_deserializer=synchronizer_pb2.WaitForVersionResponse.FromString,
                 )
                 try:  # a dead peer fails at once (the chain goes on); the synchronizer is waited for
-                    answer = await wait(
-                        req, timeout=timeout_s + self.rpc_timeout_s, wait_for_ready=address == ROOT
-                    )
+                    answer = await wait(req, timeout=timeout_s + self.slack_s, wait_for_ready=address == ROOT)
                 except grpc.aio.AioRpcError as exc:
                     errors.append(f"{address or 'synchronizer'}: {exc.code().name} {exc.details()}"[:300])
                     continue
@@ -162,8 +161,11 @@ class TreeWait:
     does (`weight_sources`: the chain the synchronizer last named); `loaded(step)` records a load before
     step `step` (the plan's `last_sync_step`)."""
 
-    def __init__(self, client: Any, plan: Any, own: Notices | None = None):
+    def __init__(
+        self, client: Any, plan: Any, own: Notices | None = None, *, ask_s: float = 10.0, slack_s: float = 5.0
+    ):
         self.client, self.plan, self.own = client, plan, own
+        self.ask_s, self.slack_s = ask_s, slack_s
         self.chain: tuple[str, ...] = ()  # the relays the synchronizer's last answer named, parent first
         self.last_sync_step = client.step
         self.via_parent = self.via_synchronizer = 0  # waits answered by the parent's relay / the synchronizer
@@ -175,21 +177,29 @@ class TreeWait:
         required = self.plan.explorer_required_version(step, held, self.last_sync_step)
         if step:
             self.client.step = max(self.client.step, step - 1)  # heartbeats carry it
-        if self.chain:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.chain:
+            # asked for at most `ask_s` at a time: a parent that is alive answers timed_out and is asked
+            # again; one that hangs (stopped, not dead) misses the deadline and the synchronizer is asked
+            bound = max(min(deadline - loop.time(), self.ask_s), 0.001)
             try:
-                answer = await self._ask_parent(self.chain[0], required, timeout_s)
+                answer = await self._ask_parent(self.chain[0], required, bound)
             except grpc.aio.AioRpcError as exc:
                 log.info("parent relay did not answer; asking the synchronizer", parent=self.chain[0],
                          code=exc.code().name)  # fmt: skip
                 self.chain = ()
-            else:
-                if not self.via_parent:
-                    log.info("version notices from the parent relay", parent=self.chain[0])
-                self.via_parent += 1
-                answer.required_version = required
-                answer.weight_sources.extend(self.chain)
-                self._note(answer)
-                return answer
+                break
+            if answer.timed_out and not answer.finished and deadline - loop.time() > 0:
+                continue
+            if not self.via_parent:
+                log.info("version notices from the parent relay", parent=self.chain[0])
+            self.via_parent += 1
+            answer.required_version = required
+            answer.weight_sources.extend(self.chain)
+            self._note(answer)
+            return answer
+        timeout_s = max(deadline - loop.time(), 0.001)
         # the synchronizer applies the plan to what it last heard of this explorer; the explorer's own
         # requirement (from what it holds now) goes with it as min_version
         answer = await self.client.wait_for_version(step=step, min_version=required, timeout_s=timeout_s)
@@ -215,7 +225,7 @@ class TreeWait:
         req = synchronizer_pb2.WaitForVersionRequest(
             member_id=self.client.member_id, min_version=required, timeout_ms=max(1, int(timeout_s * 1000))
         )
-        return await wait(req, timeout=timeout_s + self.client.timeout_s, wait_for_ready=False)
+        return await wait(req, timeout=timeout_s + self.slack_s, wait_for_ready=False)
 
 
 def tree_wait(client: Any, plan: Any) -> TreeWait | None:

@@ -1,12 +1,14 @@
 """Version notices down the fan-out tree (relay_notice.py) over real `grpc.aio` servers on port 0: an
 explorer asks its parent's relay whether the version its step needs is published, a relay asks up its
 own chain once for all its children, so the synchronizer answers only the root's children; a dead
-parent sends the child to the synchronizer; the end of the run travels down; a relay refuses a plan
-step; the heartbeat carries the held version instead of a load report each step."""
+parent sends the child to the synchronizer, a hung one after its deadline; a parent with nothing new
+yet is asked again; the end of the run travels down; a relay refuses a plan step; the heartbeat
+carries the held version instead of a load report each step."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 import grpc
 import pytest
@@ -131,3 +133,48 @@ async def test_no_tree_wait_without_a_relay_or_when_the_plan_never_waits(sync_se
     client.relay = await serve_relay(client.channel, "e0", timeout_s=10)
     assert tree_wait(client, SyncPlan(style="trainer_driven")) is None
     assert tree_wait(client, SyncPlan(style="explorer_driven")) is not None
+
+
+async def test_a_hung_parent_is_given_up_on_and_a_slow_one_is_asked_again(sync_server, sync_clients):
+    core, trainer, clients, trees = await chain_of_three(sync_server, sync_clients)
+    release = asyncio.Event()
+
+    async def hang(request, context):  # a parent that accepts the call and never answers (SIGSTOPped)
+        await release.wait()
+        return synchronizer_pb2.WaitForVersionResponse()
+
+    server = grpc.aio.server()
+    handler = grpc.unary_unary_rpc_method_handler(
+        hang,
+        request_deserializer=synchronizer_pb2.WaitForVersionRequest.FromString,
+        response_serializer=synchronizer_pb2.WaitForVersionResponse.SerializeToString,
+    )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler("rft.v1.SynchronizerService", {"WaitForVersion": handler}),)
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        child = trees[1]
+        child.ask_s = child.slack_s = 0.3
+        child.chain = (f"127.0.0.1:{port}",)
+        await trainer.push_weights({}, version=1)
+        t0 = time.monotonic()
+        answer = await child.wait(2, 0, 20)  # given up on after ask_s + slack_s, then the synchronizer
+        assert time.monotonic() - t0 < 5  # not the 20 s window
+        assert answer.model_version.version == 1 and child.via_synchronizer == 2 and child.via_parent == 0
+        assert child.chain == (clients[0].relay.address,)  # the synchronizer named the real parent again
+        # a parent that is alive but has nothing yet answers timed_out each ask_s and is asked again
+        grandchild = trees[2]
+        grandchild.ask_s = 0.2
+        wait = asyncio.ensure_future(grandchild.wait(3, 1, 20))
+        await core.wait_until(lambda: core.members["e0"].status == MemberStatus.REQUIRE_SYNC, 10)
+        await asyncio.wait({wait}, timeout=0.5)  # a few asks go by with nothing published
+        assert not wait.done()
+        await trainer.push_weights({}, version=2)
+        answer = await wait
+        assert answer.model_version.version == 2 and not answer.timed_out
+        assert (grandchild.via_parent, grandchild.via_synchronizer) == (1, 1)
+    finally:
+        release.set()
+        await server.stop(0)
