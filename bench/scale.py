@@ -36,7 +36,8 @@ latency p50/p99 (each explorer's `put`), lease latency p50/p99 (from the moment 
 returned, or the lease call if later, until the trainer holds the whole step), the time for a weight
 version to reach all N explorers (push start to the last explorer's load, median over versions),
 synchronizer CPU seconds per step (/proc/<pid>/stat; a delta is computed once per version, whatever
-N), the bytes an explorer pulled per delta pull (`delta_bytes_per_explorer`, median over explorers;
+N): `sync_cpu_s_per_step` over the whole run (the members' registration, first waits and leaving
+included) and `sync_cpu_s_per_step_steady` from the trainer holding step 1 to holding the last, the bytes an explorer pulled per delta pull (`delta_bytes_per_explorer`, median over explorers;
 over `payload_bytes`, one full version: `delta_bytes_ratio`) and in full over the whole run
 (`full_bytes_per_explorer`: one payload when every later pull was a delta) and how busy the client processes were (CPU seconds / wall seconds, the busiest process;
 near 1.0 = it saturates). The knee (`knee()`) is the
@@ -285,9 +286,10 @@ class TrainerLog:
     acked: int = 0
     payload_bytes: int = 0  # one version on the wire
     bf16_changed: list[float] = field(default_factory=list)  # per version after the first
+    sync_cpu: dict[int, float] = field(default_factory=dict)  # step -> synchronizer CPU s when it was held
 
 
-async def trainer(n: int, buffer_addr: str, sync_addr: str, p: FleetParams) -> TrainerLog:
+async def trainer(n: int, buffer_addr: str, sync_addr: str, p: FleetParams, sync_pid: int = 0) -> TrainerLog:
     out, sd = TrainerLog(), weights(p.weights_mb)
     method, gen = sync_method(p.method), torch.Generator().manual_seed(1)
     step_size = step_size_for(p.bf16_change)
@@ -305,6 +307,8 @@ async def trainer(n: int, buffer_addr: str, sync_addr: str, p: FleetParams) -> T
                 await buffer.ack(leased.lease_id)
                 got += len(leased.experiences)
         out.lease_done[step], out.acked = time.monotonic(), out.acked + got
+        if sync_pid:
+            out.sync_cpu[step] = cpu_seconds(sync_pid)
         if step < p.steps and (await sync.request_sync(step)).accepted:
             if out.push:  # the weights move between versions as a training step moves them
                 out.bf16_changed.append(train_step(sd.values(), step_size, gen)[1])
@@ -329,7 +333,7 @@ async def run_fleet(
     """Run N explorers and one trainer for `p.steps` steps against running services; the figures."""
     names = [f"explorer-{i}" for i in range(n)]
     c0 = cpu_seconds(sync_pid) if sync_pid else 0.0
-    tr_task = asyncio.create_task(trainer(n, buffer_addr, sync_addr, p))
+    tr_task = asyncio.create_task(trainer(n, buffer_addr, sync_addr, p, sync_pid))
     if procs <= 0:
         logs = await explorer_fleet(names, buffer_addr, sync_addr, p)
         client_busy = [logs[0].cpu_s / logs[0].wall_s]
@@ -369,6 +373,9 @@ async def run_fleet(
         "push_s": round(statistics.median(e - s for s, e in tr.push.values()), 4),
         "reach_all_s": round(statistics.median(reach), 4) if reach else None,
         "sync_cpu_s_per_step": round(sync_cpu / p.steps, 4),
+        "sync_cpu_s_per_step_steady": (
+            round((tr.sync_cpu[p.steps] - tr.sync_cpu[1]) / (p.steps - 1), 4) if tr.sync_cpu else None
+        ),
         "payload_bytes": tr.payload_bytes,
         "delta_bytes_per_explorer": round(statistics.median(delta_per)),
         "full_bytes_per_explorer": round(statistics.median(full_per)),
@@ -456,7 +463,7 @@ def main() -> None:
                     args.weights_mb, args.sync_offset, args.sync_method, args.bf16_change, args.fanout)  # fmt: skip
     rows = measure(ns, p, args.procs)
     cols = ["n", "experiences_per_s", "per_explorer_per_s", "put_p50_ms", "put_p99_ms", "lease_p50_ms",
-            "lease_p99_ms", "push_s", "reach_all_s", "sync_cpu_s_per_step", "delta_bytes_ratio", "client_busy"]  # fmt: skip
+            "lease_p99_ms", "push_s", "reach_all_s", "sync_cpu_s_per_step", "sync_cpu_s_per_step_steady", "delta_bytes_ratio", "client_busy"]  # fmt: skip
     if p.fanout > 0:
         cols += [
             "relay_loads",
