@@ -69,9 +69,8 @@ class Notices:
         self.upstream_waits = 0  # waits this relay sent up its chain (one per version its children wanted)
         self.answered = 0  # children's waits it answered
         self._changed = asyncio.Condition()
-        self._task: asyncio.Task[None] | None = None
+        self._task: asyncio.Task[str | None] | None = None
         self._target = 0
-        self._error: str | None = None
 
     def note(self, answer: Any) -> None:
         """What a `WaitForVersion` answer says of the run (from upstream or from the own explorer's)."""
@@ -110,7 +109,7 @@ class Notices:
                 return self._response(min_version, timed_out=True)
             task = self._upstream(min_version, remaining)
 
-            def settled(task: asyncio.Task[None] = task) -> bool:
+            def settled(task: asyncio.Task[str | None] = task) -> bool:
                 return self.finished or self.published.version >= min_version or task.done()
 
             async with self._changed:
@@ -118,18 +117,27 @@ class Notices:
                     await asyncio.wait_for(self._changed.wait_for(settled), remaining)
                 except TimeoutError:
                     continue
-            if task.done() and self._error is not None and self.published.version < min_version:
-                raise NoticeUnavailable(self._error)
+            failed = task.result() if task.done() else None
+            if failed is not None and not self.finished and self.published.version < min_version:
+                raise NoticeUnavailable(failed)
 
-    def _upstream(self, min_version: int, timeout_s: float) -> asyncio.Task[None]:
+    def _upstream(self, min_version: int, timeout_s: float) -> asyncio.Task[str | None]:
         """The upstream wait that brings `min_version`: the one in flight when it wants as much."""
         task = self._task
         if task is None or task.done() or self._target < min_version:
-            self._target, self._error = min_version, None
+            self._target = min_version
             task = self._task = asyncio.ensure_future(self._ask_upstream(min_version, timeout_s))
         return task
 
-    async def _ask_upstream(self, min_version: int, timeout_s: float) -> None:
+    async def close(self) -> None:
+        """Cancel the upstream wait in flight (the relay is closing)."""
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _ask_upstream(self, min_version: int, timeout_s: float) -> str | None:
+        """One wait up the chain (the next source when one fails); what failed, or None."""
         self.upstream_waits += 1
         req = synchronizer_pb2.WaitForVersionRequest(
             member_id=self.member_id, min_version=min_version, timeout_ms=max(1, int(timeout_s * 1000))
@@ -148,8 +156,8 @@ class Notices:
                     errors.append(f"{address or 'synchronizer'}: {exc.code().name} {exc.details()}"[:300])
                     continue
                 self.note(answer)
-                return
-            self._error = "; ".join(errors) or "the relay has no source"
+                return None
+            return "; ".join(errors) or "the relay has no source"
         finally:
             await self._notify()
 

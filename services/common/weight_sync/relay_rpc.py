@@ -249,6 +249,7 @@ class RelayNode:
         for task in list(self._through):
             task.cancel()
         await asyncio.gather(*self._through, return_exceptions=True)
+        await self.notices.close()
         await self.peers.close()
 
 
