@@ -1,8 +1,9 @@
-"""gRPC side of the relay (`relay.py`): a peer serves `PullWeights`, and pulls from peers.
+"""gRPC side of the relay (`relay.py`): a peer serves `PullWeights` (and version notices), and pulls from peers.
 
 A relay answers `/rft.v1.SynchronizerService/PullWeights` - the synchronizer's own method, request and
 stream - so anything that pulls from the synchronizer (`SyncClient`, a client in another language)
-pulls from a peer unchanged by pointing at the peer's address. It serves only that method; the chunks
+pulls from a peer unchanged by pointing at the peer's address. Besides it, a relay answers only
+`WaitForVersion` for its children (`min_version` only: version notices, relay_notice.py). The chunks
 go out as the bytes it received (a pass-through serializer, as the synchronizer's servicer does).
 `PullWeightsRequest.version` 0 = the newest version it holds or is receiving; a version it has not
 begun yet is waited for (`wait_s`); one it does not hold answers NOT_FOUND; a stream whose sources all
