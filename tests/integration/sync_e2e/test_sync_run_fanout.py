@@ -3,13 +3,15 @@ trainer, two explorers): each explorer serves a weight relay, the synchronizer c
 to register pulls from the synchronizer, the other from the first's relay), and every version still
 arrives bit for bit (SHA-256 of what the trainer sent == of what each explorer's engine holds). The
 second explorer asks the first's relay for the version each step needs (relay_notice.py), and neither
-reports its loads each step: the synchronizer hears the held version from their heartbeats."""
+reports its loads each step: the synchronizer hears the held version from their heartbeats. SIGKILL of
+the parent explorer mid-run: the child asks the synchronizer instead and goes on, the restarted parent
+rejoins with a new relay, and every version still arrives bit for bit."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.integration.sync_e2e.conftest import RunHarness
+from tests.integration.sync_e2e.conftest import RunHarness, wait_until
 from tests.integration.sync_e2e.test_sync_run_processes import _check_end, _check_weights
 
 pytestmark = pytest.mark.slow
@@ -44,4 +46,31 @@ def test_sync_run_fanout_relays_bit_exact_weights(run: RunHarness):
         relayed = max(line["version"] for line in proc.lines() if line.get("event") == "weights relayed")
         left = [e for e in events if e["kind"] == "left" and e["member_id"] == f"explorer-{i}"]
         assert left and left[-1]["version"] == relayed, (left, relayed)  # the heartbeat said it
+    _check_end(run, steps)
+
+
+def test_sigkill_of_the_parent_explorer_the_child_goes_on_and_the_restarted_parent_rejoins(run: RunHarness):
+    steps = 5
+    run.write_config("memory", steps_per_explorer=steps, fanout=1, train_batch_size=8)
+    run.start_core()
+    trainer = run.start_trainer()
+    # explorer-0 registers first (the root's child, the parent), explorer-1 under it
+    e0 = run.start_explorer(0)
+    run.wait_event(lambda e: e["kind"] == "register" and e["member_id"] == "explorer-0", 180, "explorer-0 in")
+    e1 = run.start_explorer(1)
+    notice = "version notices from the parent relay"
+    wait_until(
+        lambda: any(x.get("event") == notice for x in e1.lines()), 180, "the child asking its parent", [e1]
+    )
+    e0.kill()  # the parent dies between (or in) the child's waits
+    e0b = run.start_explorer(0, name="explorer-0-restarted")
+    for proc in (trainer, e1, e0b):
+        assert proc.wait(240) == 0, proc.tail()
+    loaded = _check_weights(run, [e1, e0b])
+    assert max(loaded["explorer-1"]) >= steps - 1 and max(loaded["explorer-0-restarted"]) >= steps - 1
+    # the child's next ask found the dead parent and went to the synchronizer, which named the
+    # restarted parent's new relay; the run lost nothing
+    events = [x.get("event") for x in e1.lines()]
+    assert "parent relay did not answer; asking the synchronizer" in events, e1.tail()
+    assert len([e for e in run.events() if e["kind"] == "register" and e["member_id"] == "explorer-0"]) == 2
     _check_end(run, steps)
