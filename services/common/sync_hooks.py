@@ -271,16 +271,14 @@ class ExplorerSyncGate:
                 self.notify_version(loaded)
                 if self.tree is not None:  # the held version reaches the synchronizer with heartbeats
                     self.tree.loaded(step)
-                    if self.held >= answer.required_version:
-                        return
-                    continue
-                if self.held >= answer.required_version:
+                elif self.held >= answer.required_version:
                     # the step may start now: the success report goes out while it samples
                     self._report = asyncio.create_task(
                         self.client.report_load(loaded, True, answer.generation, within_s=self.timeout_s)
                     )
                     return
-                await self.client.report_load(loaded, True, answer.generation, within_s=self.timeout_s)
+                else:
+                    await self.client.report_load(loaded, True, answer.generation, within_s=self.timeout_s)
             if self.held >= answer.required_version:
                 return
 

@@ -17,9 +17,9 @@ synchronizer's work per step would grow with the fleet. Here the questions trave
   parent's relay for it (`ask_s` at a time, asked again while the parent answers "not yet"), and asks
   the synchronizer when it has no parent (a child of the root, or before its first answer named one)
   or when the parent does not answer (dead, or hung past the deadline: the synchronizer's answer
-  names the chain again). A relay gives up on a source up its chain that hangs the same way. What it holds and its step reach the synchronizer with its heartbeats
-  (`SyncClient.heartbeat` carries `model_version`), so a successful load is not reported each step; a
-  failed one still is.
+  names the chain again). A relay gives up on a source up its chain that hangs the same way. What
+  it holds and its step reach the synchronizer with its heartbeats (`SyncClient.heartbeat` carries
+  `model_version`), so a successful load is not reported each step; a failed one still is.
 
 Styles that never wait (`trainer_driven`, `fully_async`) keep asking the synchronizer: their question
 is "what is published now", which only the synchronizer knows without a wait.
@@ -48,6 +48,22 @@ class NoticeUnavailable(Exception):
     """No source up the relay's chain answered its wait."""
 
 
+async def _ask(
+    channel: grpc.aio.Channel, member_id: str, min_version: int, timeout_s: float, slack_s: float, ready: bool
+) -> synchronizer_pb2.WaitForVersionResponse:
+    """One `WaitForVersion(min_version)` over `channel`, given up on `slack_s` past its own timeout;
+    `ready`: wait for the channel to connect (the synchronizer) instead of failing at once (a peer)."""
+    wait = channel.unary_unary(
+        WAIT,
+        request_serializer=synchronizer_pb2.WaitForVersionRequest.SerializeToString,
+        response_deserializer=synchronizer_pb2.WaitForVersionResponse.FromString,
+    )
+    req = synchronizer_pb2.WaitForVersionRequest(
+        member_id=member_id, min_version=min_version, timeout_ms=max(1, int(timeout_s * 1000))
+    )
+    return await wait(req, timeout=timeout_s + slack_s, wait_for_ready=ready)
+
+
 class Notices:
     """One relay's knowledge of the run, and its one upstream wait at a time (per version wanted).
 
@@ -67,7 +83,6 @@ class Notices:
         self.finished = False
         self.sync_method, self.generation = "", 0
         self.upstream_waits = 0  # waits this relay sent up its chain (one per version its children wanted)
-        self.answered = 0  # children's waits it answered
         self._changed = asyncio.Condition()
         self._task: asyncio.Task[str | None] | None = None
         self._target = 0
@@ -102,7 +117,6 @@ class Notices:
         deadline = loop.time() + timeout_s
         while True:
             if self.finished or self.published.version >= min_version:
-                self.answered += 1
                 return self._response(min_version)
             remaining = deadline - loop.time()
             if remaining <= 0:
@@ -139,19 +153,18 @@ class Notices:
     async def _ask_upstream(self, min_version: int, timeout_s: float) -> str | None:
         """One wait up the chain (the next source when one fails); what failed, or None."""
         self.upstream_waits += 1
-        req = synchronizer_pb2.WaitForVersionRequest(
-            member_id=self.member_id, min_version=min_version, timeout_ms=max(1, int(timeout_s * 1000))
-        )
         errors = []
         try:
             for address in self.chain():
-                wait = self.channel(address).unary_unary(
-                    WAIT,
-                    request_serializer=synchronizer_pb2.WaitForVersionRequest.SerializeToString,
-                    response_deserializer=synchronizer_pb2.WaitForVersionResponse.FromString,
-                )
                 try:  # a dead peer fails at once (the chain goes on); the synchronizer is waited for
-                    answer = await wait(req, timeout=timeout_s + self.slack_s, wait_for_ready=address == ROOT)
+                    answer = await _ask(
+                        self.channel(address),
+                        self.member_id,
+                        min_version,
+                        timeout_s,
+                        self.slack_s,
+                        address == ROOT,
+                    )
                 except grpc.aio.AioRpcError as exc:
                     errors.append(f"{address or 'synchronizer'}: {exc.code().name} {exc.details()}"[:300])
                     continue
@@ -169,10 +182,8 @@ class TreeWait:
     does (`weight_sources`: the chain the synchronizer last named); `loaded(step)` records a load before
     step `step` (the plan's `last_sync_step`)."""
 
-    def __init__(
-        self, client: Any, plan: Any, own: Notices | None = None, *, ask_s: float = 10.0, slack_s: float = 5.0
-    ):
-        self.client, self.plan, self.own = client, plan, own
+    def __init__(self, client: Any, plan: Any, node: Any, *, ask_s: float = 10.0, slack_s: float = 5.0):
+        self.client, self.plan, self.node = client, plan, node  # node: this explorer's `RelayNode`
         self.ask_s, self.slack_s = ask_s, slack_s
         self.chain: tuple[str, ...] = ()  # the relays the synchronizer's last answer named, parent first
         self.last_sync_step = client.step
@@ -192,7 +203,8 @@ class TreeWait:
             # again; one that hangs (stopped, not dead) misses the deadline and the synchronizer is asked
             bound = max(min(deadline - loop.time(), self.ask_s), 0.001)
             try:
-                answer = await self._ask_parent(self.chain[0], required, bound)
+                channel = self.node.peers.channel(self.chain[0])
+                answer = await _ask(channel, self.client.member_id, required, bound, self.slack_s, False)
             except grpc.aio.AioRpcError as exc:
                 log.info("parent relay did not answer; asking the synchronizer", parent=self.chain[0],
                          code=exc.code().name)  # fmt: skip
@@ -205,7 +217,7 @@ class TreeWait:
             self.via_parent += 1
             answer.required_version = required
             answer.weight_sources.extend(self.chain)
-            self._note(answer)
+            self.node.notices.note(answer)
             return answer
         timeout_s = max(deadline - loop.time(), 0.001)
         # the synchronizer applies the plan to what it last heard of this explorer; the explorer's own
@@ -213,27 +225,9 @@ class TreeWait:
         answer = await self.client.wait_for_version(step=step, min_version=required, timeout_s=timeout_s)
         self.via_synchronizer += 1
         self.chain = tuple(answer.weight_sources)
-        self.client.relay.node.chain = (*self.chain, ROOT)  # this relay's own waits go the same way
-        self._note(answer)
+        self.node.chain = (*self.chain, ROOT)  # this relay's own waits go the same way
+        self.node.notices.note(answer)
         return answer
-
-    def _note(self, answer: Any) -> None:
-        if self.own is not None:
-            self.own.note(answer)
-
-    async def _ask_parent(
-        self, address: str, required: int, timeout_s: float
-    ) -> synchronizer_pb2.WaitForVersionResponse:
-        channel = self.client.relay.node.peers.channel(address)
-        wait = channel.unary_unary(
-            WAIT,
-            request_serializer=synchronizer_pb2.WaitForVersionRequest.SerializeToString,
-            response_deserializer=synchronizer_pb2.WaitForVersionResponse.FromString,
-        )
-        req = synchronizer_pb2.WaitForVersionRequest(
-            member_id=self.client.member_id, min_version=required, timeout_ms=max(1, int(timeout_s * 1000))
-        )
-        return await wait(req, timeout=timeout_s + self.slack_s, wait_for_ready=False)
 
 
 def tree_wait(client: Any, plan: Any) -> TreeWait | None:
@@ -242,4 +236,4 @@ def tree_wait(client: Any, plan: Any) -> TreeWait | None:
     relay = getattr(client, "relay", None)
     if relay is None or not plan.explorer_waits():
         return None
-    return TreeWait(client, plan, relay.node.notices)
+    return TreeWait(client, plan, relay.node)
