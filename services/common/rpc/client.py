@@ -36,28 +36,34 @@ NOT_RETRIED: dict[str, tuple[str, ...]] = {
     "rft.v1.TrainerService": ("TrainStep", "SyncWeights"),
 }
 
+# Long polls: the server holds the call until something happens or the request's own wait ends, and
+# the caller sets a deadline past that wait. A service-config timeout would cap it (gRPC uses the
+# smaller of the two), so these methods get none.
+LONG_POLLS: dict[str, tuple[str, ...]] = {
+    "rft.v1.SynchronizerService": ("WaitForVersion", "RequestSync"),
+}
+
 
 def default_service_config(timeout_s: float = 30.0, max_attempts: int = 5) -> str:
-    """gRPC service config: every method waits for the server to be ready and has a deadline; all but
-    `NOT_RETRIED` retry UNAVAILABLE with exponential backoff."""
+    """gRPC service config: every method waits for the server to be ready and has a deadline (but
+    `LONG_POLLS`, whose callers set theirs); all but `NOT_RETRIED` retry UNAVAILABLE with exponential
+    backoff."""
     timeout = f"{timeout_s:.3f}s"
     once = [{"service": service, "method": m} for service, methods in NOT_RETRIED.items() for m in methods]
+    polls = [{"service": service, "method": m} for service, methods in LONG_POLLS.items() for m in methods]
+    retry = {
+        "maxAttempts": max_attempts,
+        "initialBackoff": "0.1s",
+        "maxBackoff": "2s",
+        "backoffMultiplier": 2,
+        "retryableStatusCodes": ["UNAVAILABLE"],
+    }
     return json.dumps(
         {
             "methodConfig": [
-                {
-                    "name": [{}],
-                    "waitForReady": True,
-                    "timeout": timeout,
-                    "retryPolicy": {
-                        "maxAttempts": max_attempts,
-                        "initialBackoff": "0.1s",
-                        "maxBackoff": "2s",
-                        "backoffMultiplier": 2,
-                        "retryableStatusCodes": ["UNAVAILABLE"],
-                    },
-                },
+                {"name": [{}], "waitForReady": True, "timeout": timeout, "retryPolicy": retry},
                 {"name": once, "waitForReady": True, "timeout": timeout},
+                {"name": polls, "waitForReady": True, "retryPolicy": retry},
             ]
         }
     )
