@@ -96,6 +96,7 @@ class SyncClient:
         self.model_version = 0  # weights this member holds
         self.heartbeat_timeout_s = 60.0
         self.generation = 0  # last group generation the synchronizer announced
+        self.broadcast_generation = 0  # generation of the broadcast in progress, as of the last heartbeat
         self.on_sync_pending: Callable[[], None] | None = None
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -148,7 +149,7 @@ class SyncClient:
             member_id=self.member_id, status=status, step=self.step, model_version=self.model_version
         )
         resp = await self.stub.Heartbeat(req, timeout=self.timeout_s)
-        self.generation = resp.generation
+        self.generation, self.broadcast_generation = resp.generation, resp.broadcast_generation
         if resp.sync_pending and self.on_sync_pending is not None:
             self.on_sync_pending()
         return resp

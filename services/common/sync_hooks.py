@@ -56,7 +56,11 @@ from services.common.sync_client import RunFinished, SyncClient, SyncWaitTimeout
 from services.common.weight_sync import GroupBrokenError, StaleGenerationError, TensorSpec
 from services.common.weight_sync.method import Published, SyncMethod, WaitAnswer, sync_method
 from services.common.weight_sync.relay_notice import TreeWait
-from services.common.weight_sync.superseded import check_generation, join_unless_superseded
+from services.common.weight_sync.superseded import (
+    broadcast_unless_called_off,
+    check_generation,
+    join_unless_superseded,
+)
 
 
 class TrainerSyncHook:
@@ -68,6 +72,7 @@ class TrainerSyncHook:
         *,
         specs: Callable[[], Awaitable[Sequence[TensorSpec]]] | None = None,
         join_group: Callable[..., Awaitable[Any]] | None = None,
+        abandon: Callable[[], None] | None = None,
         snapshot: Callable[[], Awaitable[Any]] | None = None,
         pipeline_every: int = 0,
     ):
@@ -78,7 +83,7 @@ class TrainerSyncHook:
         if self.method.broadcast and (specs is None or join_group is None):
             raise ValueError(f"the {self.method.name} method needs `specs` and `join_group`")
         self.client, self.sync = client, sync
-        self.specs, self.join_group = specs, join_group
+        self.specs, self.join_group, self.abandon = specs, join_group, abandon
         self.joined_generation = 0
         self._specs_sent = False
 
@@ -139,7 +144,13 @@ class TrainerSyncHook:
         try:
             if self.method.broadcast:
                 await self._join(decision.generation)
-            result = await (self.sync() if snapshot is None else self.sync(snapshot))
+            transfer = self.sync() if snapshot is None else self.sync(snapshot)
+            if self.method.broadcast and self.abandon is not None:
+                # a receiver that stalls or is restarted mid-broadcast: the synchronizer calls it off
+                transfer = broadcast_unless_called_off(
+                    self.client, decision.generation, transfer, self.abandon
+                )
+            result = await transfer
             t2 = time.perf_counter()
         except Exception as exc:
             await self.method.failed(self.client, decision.generation, exc)

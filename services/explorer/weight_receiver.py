@@ -2,7 +2,8 @@
 
 - Broadcast (`nccl` on CUDA, `gloo` on CPU): `setup(info, rank_offset)` joins the group with one rank
   per rollout worker (an `hf` engine is one worker: rank_offset + i); `receive(version)` takes the next
-  broadcast and loads it into every engine as it streams in; `teardown(generation)` leaves.
+  broadcast and loads it into every engine as it streams in; `abandon()` (any thread) makes a
+  receive in progress give up (the synchronizer called the broadcast off); `teardown(generation)` leaves.
   An engine that manages its own workers (vLLM) provides `join_weight_group(info, rank_offset) -> ranks`,
   `receive_weights(version)` and `leave_weight_group()`; it is used instead.
 - Memory: `load_chunks(chunks)` decodes a complete safetensors chunk stream and loads it.
@@ -93,6 +94,14 @@ class WeightReceiver:
             self.core.gate.notify_version(version)
             await self.core.weights_loaded(version, [spec.name for spec in self._specs])
             return self.core.model_version
+
+    def abandon(self) -> None:
+        """Give up the receive in progress: each group's wait raises `StaleGenerationError` within a
+        second (`BroadcastGroup.abandon`). An engine with its own workers (vLLM) gives up at the
+        group's timeout."""
+        for group in self._groups:
+            if group is not None:
+                group.abandon()
 
     async def load_chunks(
         self, chunks: AsyncIterable[common_pb2.WeightChunk]

@@ -22,7 +22,9 @@ One method per role and call, every wait an `asyncio.Condition` wait bounded by 
 - both: `register`, `heartbeat`, `group_info` (nccl ranks), and anyone: `run_state`.
 A member silent for `heartbeat_timeout` is marked LOST by the watchdog task that `start()` launches
 (nothing starts in the constructor). An explorer that joins, leaves or is lost, or a failed
-broadcast, starts a new group generation and aborts a broadcast that has not begun. With nccl an
+broadcast, starts a new group generation and aborts a broadcast that has not begun; a broadcast
+whose sender or receiver left, was lost or registered again (a restarted process) is called off, and
+heartbeats say so (`broadcast_generation`) to the members blocked in it. With nccl an
 explorer holds only what it received, so a (re)joined explorer waiting for the published version
 gets it re-broadcast (same version, no bump) at the trainer's next `request_sync`.
 Every state change is an `Event` in `history`; `on_event` (optional) sees each one as it happens
@@ -130,6 +132,8 @@ class SynchronizerCore:
                 m.status = MemberStatus.LOST
                 lost.append(m.member_id)
                 self._record("lost", m.member_id, detail=f"silent {now - m.last_heartbeat:.1f}s")
+        for member_id in lost:
+            self._call_off(member_id, "was marked LOST")
         if any(self.members[i].role == Role.EXPLORER for i in lost):
             self._rebuild(f"lost {', '.join(lost)}")
         if lost:
@@ -163,6 +167,25 @@ class SynchronizerCore:
             self._broadcast = None
         gen = self.rendezvous.rebuild(list(self.members.values()))
         self._record("generation", version=gen, detail=reason)
+
+    @property
+    def broadcast_generation(self) -> int:
+        """Generation of the broadcast announced or under way (nccl; 0 = none), sent with heartbeats."""
+        b = self._broadcast
+        return b.generation if b is not None else 0
+
+    def _call_off(self, member_id: str, why: str) -> None:
+        """`member_id` left, was lost or registered again (a new process): when it sends the broadcast
+        in progress (the trainer) or receives it, that broadcast can never complete. It is dropped, so
+        the members blocked in it see no broadcast of their generation with their heartbeats and give
+        it up (`superseded.broadcast_unless_called_off`) instead of waiting out the group's timeout."""
+        b, m = self._broadcast, self.members.get(member_id)
+        if b is None or m is None or (m.role != Role.TRAINER and member_id not in b.participants):
+            return
+        self._broadcast = None
+        self._record(
+            "called off", member_id, b.version, b.step, f"generation {b.generation}: {member_id} {why}"
+        )
 
     def _publish(self, version: int, step: int, path: str = "") -> Published:
         if version <= self.published.version:
@@ -213,6 +236,8 @@ class SynchronizerCore:
                     raise WrongState(f"trainer {other[0]!r} is already registered and alive")
                 # a restarted trainer resumed from its checkpoint: its step may be behind the old one
                 self.trainer_step = step
+            if old is not None:  # a new process: whatever broadcast the old one took part in is over
+                self._call_off(member_id, "registered again")
             self._seq += 1
             self.members[member_id] = Member(
                 member_id, role, MemberStatus.RUNNING, step, model_version, address, max(1, workers),
@@ -242,6 +267,7 @@ class SynchronizerCore:
             if status is not None and not status.alive:
                 m.status = status
                 self._record("left", member_id, m.model_version, detail=status.name)
+                self._call_off(member_id, status.name.lower())
                 if m.role == Role.TRAINER and status == MemberStatus.STOPPED:
                     self.finished = True
                 else:

@@ -91,8 +91,9 @@ class SynchronizerServicer(synchronizer_pb2_grpc.SynchronizerServiceServicer):
             ),
         )
         return synchronizer_pb2.HeartbeatResponse(
-            model_version=_version(published), sync_pending=pending, generation=gen
-        )
+            model_version=_version(published), sync_pending=pending, generation=gen,
+            broadcast_generation=self.core.broadcast_generation,
+        )  # fmt: skip
 
     async def GetRunState(self, request, context):
         st = self.core.run_state()

@@ -105,6 +105,7 @@ async def build(config: RFTConfig) -> tuple[Sequence[Registration], Callable[[],
             sync=_logged(weight_sync),
             specs=weight_sync.specs,
             join_group=weight_sync.join,
+            abandon=weight_sync.abandon,
             snapshot=weight_sync.snapshot,
             pipeline_every=settings.sync_plan.pipeline_every(),
         )

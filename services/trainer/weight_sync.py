@@ -137,6 +137,11 @@ class WeightSync:
             self._specs = tuple(specs_of(self.method.encode(await self._gather())))  # as broadcast
         return self._specs
 
+    def abandon(self) -> None:
+        """Make the broadcast in progress give up (the synchronizer called it off; any thread)."""
+        if self.nccl.group is not None:
+            self.nccl.group.abandon()
+
     async def get_info(self, receivers: int) -> GroupInfo:
         if receivers < 1:
             raise InvalidRequest("receivers", f"{receivers} must be >= 1")

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from rft.v1 import common_pb2 as rft_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19rft/v1/synchronizer.proto\x12\x06rft.v1\x1a\x13rft/v1/common.proto\"\xf6\x01\n\x06Member\x12\x11\n\tmember_id\x18\x01 \x01(\t\x12 \n\x04role\x18\x02 \x01(\x0e\x32\x12.rft.v1.MemberRole\x12$\n\x06status\x18\x03 \x01(\x0e\x32\x14.rft.v1.MemberStatus\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\x15\n\rmodel_version\x18\x05 \x01(\x03\x12\x0f\n\x07\x61\x64\x64ress\x18\x06 \x01(\t\x12\x0f\n\x07workers\x18\x07 \x01(\x05\x12\x19\n\x11last_heartbeat_ms\x18\x08 \x01(\x03\x12\x18\n\x10weight_sync_port\x18\t \x01(\x05\x12\x15\n\rrelay_address\x18\n \x01(\t\"1\n\x0fRegisterRequest\x12\x1e\n\x06member\x18\x01 \x01(\x0b\x32\x0e.rft.v1.Member\"q\n\x10RegisterResponse\x12+\n\rmodel_version\x18\x01 \x01(\x0b\x32\x14.rft.v1.ModelVersion\x12\x1b\n\x13heartbeat_timeout_s\x18\x02 \x01(\x05\x12\x13\n\x0bsync_method\x18\x03 \x01(\t\"p\n\x10HeartbeatRequest\x12\x11\n\tmember_id\x18\x01 \x01(\t\x12$\n\x06status\x18\x02 \x01(\x0e\x32\x14.rft.v1.MemberStatus\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x15\n\rmodel_version\x18\x04 \x01(\x03\"j\n\x11HeartbeatResponse\x12+\n\rmodel_version\x18\x01 \x01(\x0b\x32\x14.rft.v1.ModelVersion\x12\x14\n\x0csync_pending\x18\x02 \x01(\x08\x12\x12\n\ngeneration\x18\x03 \x01(\x03\"\x14\n\x12GetRunStateRequest\"\xfa\x03\n\x08RunState\x12\x1f\n\x07members\x18\x01 \x03(\x0b\x32\x0e.rft.v1.Member\x12+\n\rmodel_version\x18\x02 \x01(\x0b\x32\x14.rft.v1.ModelVersion\x12\x14\n\x0ctrainer_step\x18\x03 \x01(\x03\x12\x15\n\rexplorer_step\x18\x04 \x01(\x03\x12\x13\n\x0bsync_method\x18\x05 \x01(\t\x12\x12\n\nsync_style\x18\x06 \x01(\t\x12\x15\n\rsync_interval\x18\x07 \x01(\x05\x12\x13\n\x0bsync_offset\x18\x08 \x01(\x05\x12\x18\n\x10sync_in_progress\x18\t \x01(\x08\x12\x10\n\x08\x66inished\x18\n \x01(\x08\x12\x12\n\ngeneration\x18\x0b \x01(\x03\x12\x17\n\x0fpending_version\x18\x0c \x01(\x03\x12\x39\n\rstatus_counts\x18\r \x03(\x0b\x32\".rft.v1.RunState.StatusCountsEntry\x12\x19\n\x11weight_bytes_full\x18\x0e \x01(\x03\x12\x1a\n\x12weight_bytes_delta\x18\x0f \x01(\x03\x12\x1e\n\x16weight_deltas_computed\x18\x10 \x01(\x03\x1a\x33\n\x11StatusCountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\"Z\n\x12RequestSyncRequest\x12\x11\n\tmember_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\x12\n\ntimeout_ms\x18\x04 \x01(\x05\"x\n\x13RequestSyncResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12+\n\rmodel_version\x18\x02 \x01(\x0b\x32\x14.rft.v1.ModelVersion\x12\x12\n\ngeneration\x18\x03 \x01(\x03\x12\x0e\n\x06reason\x18\x04 \x01(\t\"a\n\x15WaitForVersionRequest\x12\x11\n\tmember_id\x18\x01 \x01(\t\x12\x13\n\x0bmin_version\x18\x02 \x01(\x03\x12\x12\n\ntimeout_ms\x18\x03 \x01(\x05\x12\x0c\n\x04step\x18\x04 \x01(\x03\"\xe0\x01\n\x16WaitForVersionResponse\x12+\n\rmodel_version\x18\x01 \x01(\x0b\x32\x14.rft.v1.ModelVersion\x12\x11\n\ttimed_out\x18\x02 \x01(\x08\x12\x18\n\x10required_version\x18\x03 \x01(\x03\x12\x19\n\x11receive_broadcast\x18\x04 \x01(\x08\x12\x12\n\ngeneration\x18\x05 \x01(\x03\x12\x13\n\x0bsync_method\x18\x06 \x01(\t\x12\x10\n\x08\x66inished\x18\x07 \x01(\x08\x12\x16\n\x0eweight_sources\x18\x08 \x03(\t\"J\n\x10SyncGroupRequest\x12\x11\n\tmember_id\x18\x01 \x01(\t\x12#\n\x07tensors\x18\x02 \x03(\x0b\x32\x12.rft.v1.TensorMeta\"N\n\x11SyncGroupResponse\x12*\n\x05group\x18\x01 \x01(\x0b\x32\x1b.rft.v1.WeightSyncGroupInfo\x12\r\n\x05ranks\x18\x02 \x03(\x05\"Q\n\x13PushWeightsResponse\x12+\n\rmodel_version\x18\x01 \x01(\x0b\x32\x14.rft.v1.ModelVersion\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03\"y\n\x12PullWeightsRequest\x12\x11\n\tmember_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x13\n\x0b\x63hunk_bytes\x18\x03 \x01(\x05\x12\x19\n\x0chave_version\x18\x04 \x01(\x03H\x00\x88\x01\x01\x42\x0f\n\r_have_version\"G\n\x18NotifyCheckpointResponse\x12+\n\rmodel_version\x18\x01 \x01(\x0b\x32\x14.rft.v1.ModelVersion\"\x1d\n\x1bSynchronizerShutdownRequest\"\x1e\n\x1cSynchronizerShutdownResponse\"h\n\x11ReportSyncRequest\x12\x11\n\tmember_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\n\n\x02ok\x18\x03 \x01(\x08\x12\x12\n\ngeneration\x18\x04 \x01(\x03\x12\x0f\n\x07message\x18\x05 \x01(\t\"U\n\x12ReportSyncResponse\x12+\n\rmodel_version\x18\x01 \x01(\x0b\x32\x14.rft.v1.ModelVersion\x12\x12\n\ngeneration\x18\x02 \x01(\x03*\\\n\nMemberRole\x12\x1b\n\x17MEMBER_ROLE_UNSPECIFIED\x10\x00\x12\x17\n\x13MEMBER_ROLE_TRAINER\x10\x01\x12\x18\n\x14MEMBER_ROLE_EXPLORER\x10\x02\x32\xa3\x06\n\x13SynchronizerService\x12=\n\x08Register\x12\x17.rft.v1.RegisterRequest\x1a\x18.rft.v1.RegisterResponse\x12@\n\tHeartbeat\x12\x18.rft.v1.HeartbeatRequest\x1a\x19.rft.v1.HeartbeatResponse\x12;\n\x0bGetRunState\x12\x1a.rft.v1.GetRunStateRequest\x1a\x10.rft.v1.RunState\x12\x46\n\x0bRequestSync\x12\x1a.rft.v1.RequestSyncRequest\x1a\x1b.rft.v1.RequestSyncResponse\x12O\n\x0eWaitForVersion\x12\x1d.rft.v1.WaitForVersionRequest\x1a\x1e.rft.v1.WaitForVersionResponse\x12H\n\x11GetWeightSyncInfo\x12\x18.rft.v1.SyncGroupRequest\x1a\x19.rft.v1.SyncGroupResponse\x12\x41\n\x0bPushWeights\x12\x13.rft.v1.WeightChunk\x1a\x1b.rft.v1.PushWeightsResponse(\x01\x12@\n\x0bPullWeights\x12\x1a.rft.v1.PullWeightsRequest\x1a\x13.rft.v1.WeightChunk0\x01\x12J\n\x10NotifyCheckpoint\x12\x14.rft.v1.ModelVersion\x1a .rft.v1.NotifyCheckpointResponse\x12U\n\x08Shutdown\x12#.rft.v1.SynchronizerShutdownRequest\x1a$.rft.v1.SynchronizerShutdownResponse\x12\x43\n\nReportSync\x12\x19.rft.v1.ReportSyncRequest\x1a\x1a.rft.v1.ReportSyncResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19rft/v1/synchronizer.proto\x12\x06rft.v1\x1a\x13rft/v1/common.proto\"\xf6\x01\n\x06Member\x12\x11\n\tmember_id\x18\x01 \x01(\t\x12 \n\x04role\x18\x02 \x01(\x0e\x32\x12.rft.v1.MemberRole\x12$\n\x06status\x18\x03 \x01(\x0e\x32\x14.rft.v1.MemberStatus\x12\x0c\n\x04step\x18\x04 \x01(\x03\x12\x15\n\rmodel_version\x18\x05 \x01(\x03\x12\x0f\n\x07\x61\x64\x64ress\x18\x06 \x01(\t\x12\x0f\n\x07workers\x18\x07 \x01(\x05\x12\x19\n\x11last_heartbeat_ms\x18\x08 \x01(\x03\x12\x18\n\x10weight_sync_port\x18\t \x01(\x05\x12\x15\n\rrelay_address\x18\n \x01(\t\"1\n\x0fRegisterRequest\x12\x1e\n\x06member\x18\x01 \x01(\x0b\x32\x0e.rft.v1.Member\"q\n\x10RegisterResponse\x12+\n\rmodel_version\x18\x01 \x01(\x0b\x32\x14.rft.v1.ModelVersion\x12\x1b\n\x13heartbeat_timeout_s\x18\x02 \x01(\x05\x12\x13\n\x0bsync_method\x18\x03 \x01(\t\"p\n\x10HeartbeatRequest\x12\x11\n\tmember_id\x18\x01 \x01(\t\x12$\n\x06status\x18\x02 \x01(\x0e\x32\x14.rft.v1.MemberStatus\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x15\n\rmodel_version\x18\x04 \x01(\x03\"\x88\x01\n\x11HeartbeatResponse\x12+\n\rmodel_version\x18\x01 \x01(\x0b\x32\x14.rft.v1.ModelVersion\x12\x14\n\x0csync_pending\x18\x02 \x01(\x08\x12\x12\n\ngeneration\x18\x03 \x01(\x03\x12\x1c\n\x14\x62roadcast_generation\x18\x04 \x01(\x03\"\x14\n\x12GetRunStateRequest\"\xfa\x03\n\x08RunState\x12\x1f\n\x07members\x18\x01 \x03(\x0b\x32\x0e.rft.v1.Member\x12+\n\rmodel_version\x18\x02 \x01(\x0b\x32\x14.rft.v1.ModelVersion\x12\x14\n\x0ctrainer_step\x18\x03 \x01(\x03\x12\x15\n\rexplorer_step\x18\x04 \x01(\x03\x12\x13\n\x0bsync_method\x18\x05 \x01(\t\x12\x12\n\nsync_style\x18\x06 \x01(\t\x12\x15\n\rsync_interval\x18\x07 \x01(\x05\x12\x13\n\x0bsync_offset\x18\x08 \x01(\x05\x12\x18\n\x10sync_in_progress\x18\t \x01(\x08\x12\x10\n\x08\x66inished\x18\n \x01(\x08\x12\x12\n\ngeneration\x18\x0b \x01(\x03\x12\x17\n\x0fpending_version\x18\x0c \x01(\x03\x12\x39\n\rstatus_counts\x18\r \x03(\x0b\x32\".rft.v1.RunState.StatusCountsEntry\x12\x19\n\x11weight_bytes_full\x18\x0e \x01(\x03\x12\x1a\n\x12weight_bytes_delta\x18\x0f \x01(\x03\x12\x1e\n\x16weight_deltas_computed\x18\x10 \x01(\x03\x1a\x33\n\x11StatusCountsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x05:\x02\x38\x01\"Z\n\x12RequestSyncRequest\x12\x11\n\tmember_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\x12\n\ntimeout_ms\x18\x04 \x01(\x05\"x\n\x13RequestSyncResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12+\n\rmodel_version\x18\x02 \x01(\x0b\x32\x14.rft.v1.ModelVersion\x12\x12\n\ngeneration\x18\x03 \x01(\x03\x12\x0e\n\x06reason\x18\x04 \x01(\t\"a\n\x15WaitForVersionRequest\x12\x11\n\tmember_id\x18\x01 \x01(\t\x12\x13\n\x0bmin_version\x18\x02 \x01(\x03\x12\x12\n\ntimeout_ms\x18\x03 \x01(\x05\x12\x0c\n\x04step\x18\x04 \x01(\x03\"\xe0\x01\n\x16WaitForVersionResponse\x12+\n\rmodel_version\x18\x01 \x01(\x0b\x32\x14.rft.v1.ModelVersion\x12\x11\n\ttimed_out\x18\x02 \x01(\x08\x12\x18\n\x10required_version\x18\x03 \x01(\x03\x12\x19\n\x11receive_broadcast\x18\x04 \x01(\x08\x12\x12\n\ngeneration\x18\x05 \x01(\x03\x12\x13\n\x0bsync_method\x18\x06 \x01(\t\x12\x10\n\x08\x66inished\x18\x07 \x01(\x08\x12\x16\n\x0eweight_sources\x18\x08 \x03(\t\"J\n\x10SyncGroupRequest\x12\x11\n\tmember_id\x18\x01 \x01(\t\x12#\n\x07tensors\x18\x02 \x03(\x0b\x32\x12.rft.v1.TensorMeta\"N\n\x11SyncGroupResponse\x12*\n\x05group\x18\x01 \x01(\x0b\x32\x1b.rft.v1.WeightSyncGroupInfo\x12\r\n\x05ranks\x18\x02 \x03(\x05\"Q\n\x13PushWeightsResponse\x12+\n\rmodel_version\x18\x01 \x01(\x0b\x32\x14.rft.v1.ModelVersion\x12\r\n\x05\x62ytes\x18\x02 \x01(\x03\"y\n\x12PullWeightsRequest\x12\x11\n\tmember_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x13\n\x0b\x63hunk_bytes\x18\x03 \x01(\x05\x12\x19\n\x0chave_version\x18\x04 \x01(\x03H\x00\x88\x01\x01\x42\x0f\n\r_have_version\"G\n\x18NotifyCheckpointResponse\x12+\n\rmodel_version\x18\x01 \x01(\x0b\x32\x14.rft.v1.ModelVersion\"\x1d\n\x1bSynchronizerShutdownRequest\"\x1e\n\x1cSynchronizerShutdownResponse\"h\n\x11ReportSyncRequest\x12\x11\n\tmember_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\n\n\x02ok\x18\x03 \x01(\x08\x12\x12\n\ngeneration\x18\x04 \x01(\x03\x12\x0f\n\x07message\x18\x05 \x01(\t\"U\n\x12ReportSyncResponse\x12+\n\rmodel_version\x18\x01 \x01(\x0b\x32\x14.rft.v1.ModelVersion\x12\x12\n\ngeneration\x18\x02 \x01(\x03*\\\n\nMemberRole\x12\x1b\n\x17MEMBER_ROLE_UNSPECIFIED\x10\x00\x12\x17\n\x13MEMBER_ROLE_TRAINER\x10\x01\x12\x18\n\x14MEMBER_ROLE_EXPLORER\x10\x02\x32\xa3\x06\n\x13SynchronizerService\x12=\n\x08Register\x12\x17.rft.v1.RegisterRequest\x1a\x18.rft.v1.RegisterResponse\x12@\n\tHeartbeat\x12\x18.rft.v1.HeartbeatRequest\x1a\x19.rft.v1.HeartbeatResponse\x12;\n\x0bGetRunState\x12\x1a.rft.v1.GetRunStateRequest\x1a\x10.rft.v1.RunState\x12\x46\n\x0bRequestSync\x12\x1a.rft.v1.RequestSyncRequest\x1a\x1b.rft.v1.RequestSyncResponse\x12O\n\x0eWaitForVersion\x12\x1d.rft.v1.WaitForVersionRequest\x1a\x1e.rft.v1.WaitForVersionResponse\x12H\n\x11GetWeightSyncInfo\x12\x18.rft.v1.SyncGroupRequest\x1a\x19.rft.v1.SyncGroupResponse\x12\x41\n\x0bPushWeights\x12\x13.rft.v1.WeightChunk\x1a\x1b.rft.v1.PushWeightsResponse(\x01\x12@\n\x0bPullWeights\x12\x1a.rft.v1.PullWeightsRequest\x1a\x13.rft.v1.WeightChunk0\x01\x12J\n\x10NotifyCheckpoint\x12\x14.rft.v1.ModelVersion\x1a .rft.v1.NotifyCheckpointResponse\x12U\n\x08Shutdown\x12#.rft.v1.SynchronizerShutdownRequest\x1a$.rft.v1.SynchronizerShutdownResponse\x12\x43\n\nReportSync\x12\x19.rft.v1.ReportSyncRequest\x1a\x1a.rft.v1.ReportSyncResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,8 +34,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_RUNSTATE_STATUSCOUNTSENTRY']._loaded_options = None
   _globals['_RUNSTATE_STATUSCOUNTSENTRY']._serialized_options = b'8\001'
-  _globals['_MEMBERROLE']._serialized_start=2457
-  _globals['_MEMBERROLE']._serialized_end=2549
+  _globals['_MEMBERROLE']._serialized_start=2488
+  _globals['_MEMBERROLE']._serialized_end=2580
   _globals['_MEMBER']._serialized_start=59
   _globals['_MEMBER']._serialized_end=305
   _globals['_REGISTERREQUEST']._serialized_start=307
@@ -44,40 +44,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REGISTERRESPONSE']._serialized_end=471
   _globals['_HEARTBEATREQUEST']._serialized_start=473
   _globals['_HEARTBEATREQUEST']._serialized_end=585
-  _globals['_HEARTBEATRESPONSE']._serialized_start=587
-  _globals['_HEARTBEATRESPONSE']._serialized_end=693
-  _globals['_GETRUNSTATEREQUEST']._serialized_start=695
-  _globals['_GETRUNSTATEREQUEST']._serialized_end=715
-  _globals['_RUNSTATE']._serialized_start=718
-  _globals['_RUNSTATE']._serialized_end=1224
-  _globals['_RUNSTATE_STATUSCOUNTSENTRY']._serialized_start=1173
-  _globals['_RUNSTATE_STATUSCOUNTSENTRY']._serialized_end=1224
-  _globals['_REQUESTSYNCREQUEST']._serialized_start=1226
-  _globals['_REQUESTSYNCREQUEST']._serialized_end=1316
-  _globals['_REQUESTSYNCRESPONSE']._serialized_start=1318
-  _globals['_REQUESTSYNCRESPONSE']._serialized_end=1438
-  _globals['_WAITFORVERSIONREQUEST']._serialized_start=1440
-  _globals['_WAITFORVERSIONREQUEST']._serialized_end=1537
-  _globals['_WAITFORVERSIONRESPONSE']._serialized_start=1540
-  _globals['_WAITFORVERSIONRESPONSE']._serialized_end=1764
-  _globals['_SYNCGROUPREQUEST']._serialized_start=1766
-  _globals['_SYNCGROUPREQUEST']._serialized_end=1840
-  _globals['_SYNCGROUPRESPONSE']._serialized_start=1842
-  _globals['_SYNCGROUPRESPONSE']._serialized_end=1920
-  _globals['_PUSHWEIGHTSRESPONSE']._serialized_start=1922
-  _globals['_PUSHWEIGHTSRESPONSE']._serialized_end=2003
-  _globals['_PULLWEIGHTSREQUEST']._serialized_start=2005
-  _globals['_PULLWEIGHTSREQUEST']._serialized_end=2126
-  _globals['_NOTIFYCHECKPOINTRESPONSE']._serialized_start=2128
-  _globals['_NOTIFYCHECKPOINTRESPONSE']._serialized_end=2199
-  _globals['_SYNCHRONIZERSHUTDOWNREQUEST']._serialized_start=2201
-  _globals['_SYNCHRONIZERSHUTDOWNREQUEST']._serialized_end=2230
-  _globals['_SYNCHRONIZERSHUTDOWNRESPONSE']._serialized_start=2232
-  _globals['_SYNCHRONIZERSHUTDOWNRESPONSE']._serialized_end=2262
-  _globals['_REPORTSYNCREQUEST']._serialized_start=2264
-  _globals['_REPORTSYNCREQUEST']._serialized_end=2368
-  _globals['_REPORTSYNCRESPONSE']._serialized_start=2370
-  _globals['_REPORTSYNCRESPONSE']._serialized_end=2455
-  _globals['_SYNCHRONIZERSERVICE']._serialized_start=2552
-  _globals['_SYNCHRONIZERSERVICE']._serialized_end=3355
+  _globals['_HEARTBEATRESPONSE']._serialized_start=588
+  _globals['_HEARTBEATRESPONSE']._serialized_end=724
+  _globals['_GETRUNSTATEREQUEST']._serialized_start=726
+  _globals['_GETRUNSTATEREQUEST']._serialized_end=746
+  _globals['_RUNSTATE']._serialized_start=749
+  _globals['_RUNSTATE']._serialized_end=1255
+  _globals['_RUNSTATE_STATUSCOUNTSENTRY']._serialized_start=1204
+  _globals['_RUNSTATE_STATUSCOUNTSENTRY']._serialized_end=1255
+  _globals['_REQUESTSYNCREQUEST']._serialized_start=1257
+  _globals['_REQUESTSYNCREQUEST']._serialized_end=1347
+  _globals['_REQUESTSYNCRESPONSE']._serialized_start=1349
+  _globals['_REQUESTSYNCRESPONSE']._serialized_end=1469
+  _globals['_WAITFORVERSIONREQUEST']._serialized_start=1471
+  _globals['_WAITFORVERSIONREQUEST']._serialized_end=1568
+  _globals['_WAITFORVERSIONRESPONSE']._serialized_start=1571
+  _globals['_WAITFORVERSIONRESPONSE']._serialized_end=1795
+  _globals['_SYNCGROUPREQUEST']._serialized_start=1797
+  _globals['_SYNCGROUPREQUEST']._serialized_end=1871
+  _globals['_SYNCGROUPRESPONSE']._serialized_start=1873
+  _globals['_SYNCGROUPRESPONSE']._serialized_end=1951
+  _globals['_PUSHWEIGHTSRESPONSE']._serialized_start=1953
+  _globals['_PUSHWEIGHTSRESPONSE']._serialized_end=2034
+  _globals['_PULLWEIGHTSREQUEST']._serialized_start=2036
+  _globals['_PULLWEIGHTSREQUEST']._serialized_end=2157
+  _globals['_NOTIFYCHECKPOINTRESPONSE']._serialized_start=2159
+  _globals['_NOTIFYCHECKPOINTRESPONSE']._serialized_end=2230
+  _globals['_SYNCHRONIZERSHUTDOWNREQUEST']._serialized_start=2232
+  _globals['_SYNCHRONIZERSHUTDOWNREQUEST']._serialized_end=2261
+  _globals['_SYNCHRONIZERSHUTDOWNRESPONSE']._serialized_start=2263
+  _globals['_SYNCHRONIZERSHUTDOWNRESPONSE']._serialized_end=2293
+  _globals['_REPORTSYNCREQUEST']._serialized_start=2295
+  _globals['_REPORTSYNCREQUEST']._serialized_end=2399
+  _globals['_REPORTSYNCRESPONSE']._serialized_start=2401
+  _globals['_REPORTSYNCRESPONSE']._serialized_end=2486
+  _globals['_SYNCHRONIZERSERVICE']._serialized_start=2583
+  _globals['_SYNCHRONIZERSERVICE']._serialized_end=3386
 # @@protoc_insertion_point(module_scope)

@@ -70,14 +70,16 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, member_id: _Optional[str] = ..., status: _Optional[_Union[_common_pb2.MemberStatus, str]] = ..., step: _Optional[int] = ..., model_version: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("model_version", "sync_pending", "generation")
+    __slots__ = ("model_version", "sync_pending", "generation", "broadcast_generation")
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     SYNC_PENDING_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
+    BROADCAST_GENERATION_FIELD_NUMBER: _ClassVar[int]
     model_version: _common_pb2.ModelVersion
     sync_pending: bool
     generation: int
-    def __init__(self, model_version: _Optional[_Union[_common_pb2.ModelVersion, _Mapping]] = ..., sync_pending: _Optional[bool] = ..., generation: _Optional[int] = ...) -> None: ...
+    broadcast_generation: int
+    def __init__(self, model_version: _Optional[_Union[_common_pb2.ModelVersion, _Mapping]] = ..., sync_pending: _Optional[bool] = ..., generation: _Optional[int] = ..., broadcast_generation: _Optional[int] = ...) -> None: ...
 
 class GetRunStateRequest(_message.Message):
     __slots__ = ()

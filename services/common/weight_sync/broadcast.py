@@ -26,7 +26,9 @@ communicator is aborted before `GroupBrokenError` is raised).
 Receivers get `(name, tensor)` pairs in spec order, on the device they asked for; on the comm device
 the tensors are views into the received bucket (copy them or load them; `load_weights` copies).
 `receive` is a generator: consume it fully or close it - closing early drains the remaining buckets
-and acknowledges failure, so the other members never hang.
+and acknowledges failure, so the other members never hang. `abandon()` (from any thread) makes the
+send or receive in progress give up with `StaleGenerationError` within a second: the synchronizer
+called the broadcast off, so nothing more will come (`superseded.broadcast_unless_called_off`).
 """
 
 from __future__ import annotations
@@ -129,6 +131,11 @@ class BroadcastGroup:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def abandon(self) -> None:
+        """Make the send or receive in progress give up at its next look (`StaleGenerationError`;
+        any thread may call it). The next send or receive starts with the flag cleared."""
+        self._conn.abandon.set()
+
     def close(self) -> None:
         self._bufs = []
         self._shm = None
@@ -193,6 +200,7 @@ class BroadcastGroup:
         if self.rank != 0:
             raise WeightSyncError(f"rank {self.rank} cannot send; only rank 0 broadcasts")
         start = time.perf_counter()
+        self._conn.abandon.clear()
         table = dict(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
         problems = [f"{s.name} missing" for s in self.specs if s.name not in table]
         problems += [
@@ -253,6 +261,7 @@ class BroadcastGroup:
         if self.rank == 0:
             raise WeightSyncError("rank 0 is the sender; it cannot receive")
         conn = self._conn
+        conn.abandon.clear()
         out_device = torch.device(device) if device is not None else conn.device
         header = self._header(-1, _OK)
         conn.wait(self._bcast(header), "header")

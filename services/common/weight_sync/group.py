@@ -15,7 +15,13 @@ A member whose generation differs from rank 0's gets `StaleGenerationError`; a r
 gets `WeightSyncError`. Every wait is bounded by `timeout_s`: a member that dies or stalls makes the
 others raise `GroupBrokenError`, never hang. A join also takes an `abandon` event, looked at every
 0.5 s while it waits for the host or the other members (`superseded.py` sets it when the synchronizer
-moves to a newer generation). The transfer protocol itself is in `broadcast.py`.
+moves to a newer generation). A joined member's waits look at `Connection.abandon` once a second
+(`superseded.py` sets it when the synchronizer calls the broadcast off: its sender was restarted or
+a member is gone): the wait raises `StaleGenerationError` and the group is broken. A gloo collective
+still pending then (its peer silent, as behind a connection whose close never arrived) keeps its
+worker thread until the group's timeout, and destroying the process group would wait for it, so
+such a group is let go in a daemon thread instead (`_park`). The transfer protocol itself is in
+`broadcast.py`.
 
 NCCL failure paths. NCCL's own defaults can hang or kill the process, so the nccl backend is built
 so that every failure ends in `GroupBrokenError` within `timeout_s` instead:
@@ -152,6 +158,7 @@ def listening_socket(host: str, port: int) -> socket.socket:
 
 
 JOIN_SLICE_S = 0.5  # a joining member looks at `abandon` at least this often
+WAIT_SLICE_S = 1.0  # a joined member looks at `Connection.abandon` this often while a collective waits
 
 
 def _check_abandon(abandon: threading.Event | None, info: GroupInfo, rank: int, doing: str) -> None:
@@ -267,6 +274,18 @@ def _nccl_env(timeout_s: float):
             os.environ.pop("TORCH_NCCL_ASYNC_ERROR_HANDLING", None)
 
 
+def _park(pg, timeout_s: float) -> None:
+    """Let go of a gloo group with a collective still pending: its destructor waits for that
+    collective, which ends only at the group's timeout, so a daemon thread holds the last reference
+    until then (and never delays the process's exit)."""
+
+    def hold(group=pg) -> None:
+        time.sleep(timeout_s + 60)  # ok-sleep: outlives the pending collective's own timeout
+        del group
+
+    threading.Thread(target=hold, name="weight-sync-abandoned-group", daemon=True).start()
+
+
 def _abort(pg) -> None:
     with contextlib.suppress(Exception):  # an abort of a half-built communicator may itself fail
         pg.abort()
@@ -349,6 +368,8 @@ class Connection:
         self.info, self.rank, self.device, self.backend = info, rank, device, backend
         self._store, self._pg = store, pg
         self.broken: str | None = None
+        self.abandon = threading.Event()  # set: the synchronizer called the broadcast off; waits give up
+        self._abandoned = False  # a wait gave up with a collective still pending
 
     @classmethod
     def open(
@@ -409,15 +430,40 @@ class Connection:
         """Wait for one collective; any failure marks the group broken and raises `GroupBrokenError`.
 
         nccl: the work is polled up to `timeout_s`, then the communicator is aborted (its kernels
-        stop) before the error is raised, so neither a hang nor torch's watchdog ends the process."""
+        stop) before the error is raised, so neither a hang nor torch's watchdog ends the process.
+        gloo: waited for in slices of `WAIT_SLICE_S` (a timed-out slice leaves the work running).
+        Both give up with `StaleGenerationError` once `abandon` is set."""
         try:
             if self.backend == "nccl":
                 self._poll(work)
                 work.wait()  # completed: orders the caller's stream after it, raises its error
             else:
-                work.wait(timedelta(seconds=self.info.timeout_s))
+                self._wait_gloo(work)
+        except StaleGenerationError as exc:
+            self._abandoned = True
+            self.fail(f"{what} given up: {exc}")
+            if self.backend == "nccl" and self._pg is not None:
+                _abort(self._pg)
+            raise StaleGenerationError(f"{self.describe()}: {what} given up: {exc}") from None
         except Exception as exc:  # gloo raises RuntimeError/DistBackendError with varied messages
             raise self._broken(exc, what) from exc
+
+    def _wait_gloo(self, work) -> None:
+        deadline = time.monotonic() + self.info.timeout_s
+        while True:
+            try:
+                work.wait(timedelta(seconds=max(0.001, min(WAIT_SLICE_S, deadline - time.monotonic()))))
+                return
+            except Exception:
+                if work.is_completed() or time.monotonic() >= deadline:
+                    raise  # the collective's own error, or the group's whole timeout
+            self._check_abandon()
+
+    def _check_abandon(self) -> None:
+        if self.abandon.is_set():
+            raise StaleGenerationError(
+                "the synchronizer called this broadcast off (its sender or a member is gone)"
+            )
 
     def launch(self, start, what: str):
         """`start(pg)` (a collective's launch; returns its work), with a failure turned into
@@ -443,6 +489,7 @@ class Connection:
         while not work.is_completed():
             if time.monotonic() > deadline:
                 raise TimeoutError(f"not completed within {self.info.timeout_s:g}s")
+            self._check_abandon()
             time.sleep(pause)  # ok-sleep: polling a CUDA event up to a deadline
             pause = min(pause * 2, 0.005)
 
@@ -453,7 +500,9 @@ class Connection:
     def close(self) -> None:
         """Leave the group (idempotent). Rank 0 also stops hosting the store."""
         pg, self._pg, self._store = self._pg, None, None
-        if pg is not None:
+        if pg is not None and self._abandoned and self.backend != "nccl":
+            _park(pg, self.info.timeout_s)
+        elif pg is not None:
             try:
                 if self.broken is not None and hasattr(pg, "abort"):
                     pg.abort()

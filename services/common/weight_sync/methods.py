@@ -31,7 +31,11 @@ from services.common.weight_sync.method import (
     WaitAnswer,
     register_method,
 )
-from services.common.weight_sync.superseded import check_generation, join_unless_superseded
+from services.common.weight_sync.superseded import (
+    broadcast_unless_called_off,
+    check_generation,
+    join_unless_superseded,
+)
 from services.common.weight_sync.transport import (
     CheckpointTransport,
     Delivery,
@@ -77,7 +81,8 @@ class BroadcastMethod(SyncMethod):
     def fetch(self, client: Any, receiver: Receiver) -> Fetch:
         if receiver.group is None:
             raise WeightSyncError("the nccl method needs the explorer's weight receiver (a group member)")
-        return BroadcastFetch(client, receiver.group.setup, receiver.group.receive)
+        group = receiver.group
+        return BroadcastFetch(client, group.setup, group.receive, getattr(group, "abandon", None))
 
 
 @register_method
@@ -162,11 +167,13 @@ class CheckpointFetch:
 class BroadcastFetch:
     """nccl: (re)join the group when its generation changed, then receive the broadcast.
 
-    `setup(info, first_rank)` and `receive(version)` fit the explorer's `WeightReceiver`.
+    `setup(info, first_rank)`, `receive(version)` and `abandon()` fit the explorer's `WeightReceiver`;
+    given `abandon`, a receive the synchronizer calls off (its sender was restarted, a member is gone)
+    is given up (`superseded.broadcast_unless_called_off`) instead of waiting out the group's timeout.
     """
 
-    def __init__(self, client: Any, setup: Any, receive: Any):
-        self.client, self.setup, self.receive = client, setup, receive
+    def __init__(self, client: Any, setup: Any, receive: Any, abandon: Any = None):
+        self.client, self.setup, self.receive, self.abandon = client, setup, receive, abandon
         self.joined_generation = 0
 
     async def __call__(self, answer: WaitAnswer) -> int:
@@ -181,7 +188,12 @@ class BroadcastFetch:
             self.joined_generation = info.generation
         version = int(answer.model_version.version)
         try:
-            await self.receive(version)
+            if self.abandon is None:
+                await self.receive(version)
+            else:
+                await broadcast_unless_called_off(
+                    self.client, self.joined_generation, self.receive(version), self.abandon
+                )
         except Exception:
             self.joined_generation = 0
             raise

@@ -10,6 +10,16 @@ timeout (`synchronizer.sync_timeout`, an hour by default) and hold the run up wi
 worker thread and checks the `threading.Event` between short waits, `group.Connection.open`) and,
 while it runs, heartbeats the synchronizer every `poll_s`; when the announced generation is no
 longer `info.generation` it sets `abandon`, and the join raises `StaleGenerationError`.
+
+A joined member blocked in a broadcast has the same problem once the broadcast can no longer
+complete: its sender (the trainer) was killed and restarted, or a member is gone. A receiver may not
+even learn of it from the network (a connection whose close never arrived, a peer that stalled), so
+`broadcast_unless_called_off(client, generation, transfer, abandon)` heartbeats while the transfer
+(a receive, or the trainer's send: a receiver that stalled leaves it waiting too) runs
+and calls `abandon()` once the synchronizer has said twice in a row that no broadcast of
+`generation` is in progress (`broadcast_generation`: it calls a broadcast off when its sender or a
+member leaves, is lost or registers again); twice, so that the end of a broadcast that is just
+finishing is not taken for its loss. The transfer then raises `StaleGenerationError`.
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ class GenerationSource(Protocol):
     """What the watch needs of `services.common.sync_client.SyncClient`."""
 
     generation: int
+    broadcast_generation: int
 
     async def heartbeat(self) -> Any: ...
 
@@ -65,4 +76,34 @@ async def join_unless_superseded(
     finally:
         if not task.done():  # cancelled: the worker thread stops at its next check
             abandon.set()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+async def broadcast_unless_called_off(
+    client: GenerationSource,
+    generation: int,
+    transfer: Awaitable[Any],
+    abandon: Callable[[], None],
+    poll_s: float = POLL_S,
+) -> Any:
+    """Await `transfer` (a broadcast of `generation`, sent or received); call `abandon()` when the
+    synchronizer no longer has that broadcast in progress (see the module docstring)."""
+    task = asyncio.ensure_future(transfer)
+    gone = 0
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=poll_s)
+            if done:
+                return task.result()
+            try:
+                await client.heartbeat()
+            except Exception:  # noqa: BLE001 - the synchronizer is away: the group's own timeout bounds it
+                gone = 0
+                continue
+            gone = gone + 1 if client.broadcast_generation != generation else 0
+            if gone == 2:
+                abandon()
+    finally:
+        if not task.done():  # cancelled: the transfer gives up at its next look
+            abandon()
             await asyncio.gather(task, return_exceptions=True)
