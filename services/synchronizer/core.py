@@ -23,8 +23,8 @@ One method per role and call, every wait an `asyncio.Condition` wait bounded by 
 A member silent for `heartbeat_timeout` is marked LOST by the watchdog task that `start()` launches
 (nothing starts in the constructor). An explorer that joins, leaves or is lost, or a failed
 broadcast, starts a new group generation and aborts a broadcast that has not begun; a broadcast
-whose sender or receiver left, was lost or registered again (a restarted process) is called off, and
-heartbeats say so (`broadcast_generation`) to the members blocked in it. With nccl an
+whose sender or receiver left, was lost, registered again (a restarted process) or failed to receive
+it is called off, and heartbeats say so (`broadcast_generation`) to the members blocked in it. With nccl an
 explorer holds only what it received, so a (re)joined explorer waiting for the published version
 gets it re-broadcast (same version, no bump) at the trainer's next `request_sync`.
 Every state change is an `Event` in `history`; `on_event` (optional) sees each one as it happens
@@ -439,8 +439,14 @@ class SynchronizerCore:
                 if ok:
                     m.model_version = max(m.model_version, version)
                     m.last_sync_step = m.step
-                elif self.method.broadcast and generation in (0, self.rendezvous.generation):
-                    self._rebuild(f"{member_id} failed to receive version {version}: {message}")
+                else:
+                    b = self._broadcast
+                    if b is not None and generation in (0, b.generation):
+                        # its peers in a ring collective may wait on it alone and never hear of the
+                        # failure: the broadcast is called off, so their heartbeats tell them
+                        self._call_off(member_id, f"failed to receive version {version}")
+                    if self.method.broadcast and generation in (0, self.rendezvous.generation):
+                        self._rebuild(f"{member_id} failed to receive version {version}: {message}")
             self._cond.notify_all()
             return self.published, self.rendezvous.generation
 

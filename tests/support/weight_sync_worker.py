@@ -67,6 +67,16 @@ def _serve(conn, device: str) -> None:
             elif cmd == "send":
                 version, seed = args
                 value = group.send(version, make_state_dict(seed))
+            elif cmd == "send_then_die_at_ack":  # send every bucket, report, then wait to be killed
+                version, seed = args
+
+                def blocked_ack(ok: bool) -> bool:
+                    conn.send(("ok", "acking"))
+                    conn.recv()
+                    raise AssertionError("killed before the acknowledgement")
+
+                group._ack = blocked_ack
+                value = group.send(version, make_state_dict(seed))
             elif cmd == "send_bad":
                 sd = make_state_dict(args[1])
                 sd["big"] = sd["big"][:1]

@@ -1,11 +1,13 @@
 """A broadcast the synchronizer calls off, over a real synchronizer server and real gloo groups.
 
-The members of a broadcast may never hear from the network that it is over: a killed trainer's
-connections may close without the close reaching them (a container's), and a stalled member sends
-nothing. Here the silent peer is a worker process stopped with SIGSTOP, whose sockets stay open.
-The group's timeout (`sync_timeout`) is 10 minutes, so only the synchronizer's word can end the
-wait: a restarted trainer registering (or a member marked LOST) calls the broadcast off, the
-heartbeats of the members blocked in it say so, and their transfer gives up within seconds.
+The members of a broadcast may never hear from the network that it is over: in a ring all-reduce
+(the acknowledgement) only the killed trainer's two neighbours see its connections close, the rank
+between them waits on a live peer; a stalled member sends nothing. Here the silent peers are a
+worker process stopped with SIGSTOP (its sockets stay open) and the far side of a 4-rank ring whose
+rank 0 was SIGKILLed. The group's timeout (`sync_timeout`) is 10 minutes, so only the synchronizer's
+word can end the wait: a restarted trainer registering, a member marked LOST or a member reporting a
+failed receive calls the broadcast off, the heartbeats of the members blocked in it say so, and
+their transfer gives up within seconds.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ GIVE_UP_S = 20.0  # two 1 s heartbeat polls and a 1 s wait slice, on a loaded ma
 def worker():
     w = Worker()
     yield w
-    os.kill(w.proc.pid, signal.SIGCONT)
+    if w.proc.is_alive():
+        os.kill(w.proc.pid, signal.SIGCONT)
     w.stop()
 
 
@@ -129,3 +132,54 @@ async def test_a_broadcast_in_progress_is_not_called_off_by_a_new_explorer(sync_
     await trainer.report_sync(1, True, decision.generation)
     await e1.heartbeat()
     assert e1.broadcast_generation == 0 and core.published.version == 1
+
+
+async def test_a_trainer_killed_in_the_acknowledgement_frees_every_receiver_of_the_ring(
+    worker, sync_server, sync_clients
+):
+    """Trainer rank 0 + three explorers; the trainer is SIGKILLed in the acknowledgement, a ring
+    all-reduce. Its ring neighbours fail at once, but the rank between them waits on a live peer
+    and hears of nothing (gloo keeps a failed member's connections open). Once a neighbour reports
+    its failure, the synchronizer calls the broadcast off and that rank gives up too."""
+    core, address = await sync_server(method="nccl", sync_timeout=SYNC_TIMEOUT_S)
+    trainer = await sync_clients(address, "trainer", "trainer", address="127.0.0.1:0")
+    explorers = [await sync_clients(address, f"e{i}", "explorer") for i in (1, 2, 3)]
+    info, _ = await trainer.get_weight_sync_info(specs_of(make_state_dict(8)))
+    waits = [asyncio.create_task(e.wait_for_version(step=2, timeout_s=20)) for e in explorers]
+    decision = await trainer.request_sync(step=1, timeout_s=20)
+    answers = await asyncio.gather(*waits)
+    assert decision.accepted and info.world_size == 4
+
+    worker.call("join", info, 0)
+    joins = [asyncio.to_thread(BroadcastGroup.join, info, rank) for rank in (1, 2, 3)]
+    groups = await asyncio.gather(*joins)
+    assert await asyncio.to_thread(worker.value) == info.generation
+
+    async def fetch(client, group, answer):
+        """What the explorer's sync gate does: receive; report a failure to the synchronizer."""
+
+        async def setup(info, rank, abandon=None):
+            return [group.rank]
+
+        async def receive(version):
+            return await asyncio.to_thread(lambda: list(group.receive(version)))
+
+        try:
+            await BroadcastFetch(client, setup, receive, group.abandon)(answer)
+        except Exception as exc:
+            await client.report_sync(1, False, answer.generation, f"{type(exc).__name__}: {exc}")
+            return type(exc).__name__
+        return "received"
+
+    fetches = [
+        asyncio.create_task(fetch(c, g, a)) for c, g, a in zip(explorers, groups, answers, strict=True)
+    ]
+    worker.call("send_then_die_at_ack", 1, 8)
+    assert await asyncio.to_thread(worker.value) == "acking"
+    worker.kill()
+    outcomes = await asyncio.wait_for(asyncio.gather(*fetches), GIVE_UP_S + 10)
+    assert sorted(outcomes) == ["GroupBrokenError", "GroupBrokenError", "StaleGenerationError"], outcomes
+    called_off = [e for e in core.history if e.kind == "called off"]
+    assert len(called_off) == 1 and "failed to receive version 1" in called_off[0].detail
+    for group in groups:
+        await _close(group)
