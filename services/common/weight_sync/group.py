@@ -455,8 +455,11 @@ class Connection:
                 work.wait(timedelta(seconds=max(0.001, min(WAIT_SLICE_S, deadline - time.monotonic()))))
                 return
             except Exception:
-                if work.is_completed() or time.monotonic() >= deadline:
-                    raise  # the collective's own error, or the group's whole timeout
+                if work.is_completed():  # done as the slice ended: returns, or raises its own error
+                    work.wait()
+                    return
+                if time.monotonic() >= deadline:
+                    raise  # the group's whole timeout
             self._check_abandon()
 
     def _check_abandon(self) -> None:

@@ -18,7 +18,7 @@ even learn of it from the network (a connection whose close never arrived, a pee
 (a receive, or the trainer's send: a receiver that stalled leaves it waiting too) runs
 and calls `abandon()` once the synchronizer has said twice in a row that no broadcast of
 `generation` is in progress (`broadcast_generation`: it calls a broadcast off when its sender or a
-member leaves, is lost or registers again); twice, so that the end of a broadcast that is just
+member leaves, is lost, registers again or fails to receive it); twice, so that the end of a broadcast that is just
 finishing is not taken for its loss. The transfer then raises `StaleGenerationError`.
 """
 
