@@ -61,22 +61,11 @@ async def join_unless_superseded(
     poll_s: float = POLL_S,
 ) -> Any:
     abandon = threading.Event()
-    task = asyncio.ensure_future(join(abandon))
-    try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=poll_s)
-            if done:
-                return task.result()
-            try:
-                await client.heartbeat()
-            except Exception:  # noqa: BLE001 - the synchronizer is away: the join's own timeout bounds it
-                continue
-            if client.generation != info.generation:
-                abandon.set()
-    finally:
-        if not task.done():  # cancelled: the worker thread stops at its next check
-            abandon.set()
-            await asyncio.gather(task, return_exceptions=True)
+
+    def superseded() -> bool:
+        return client.generation != info.generation
+
+    return await _watched(client, join(abandon), superseded, abandon.set, poll_s, times=1)
 
 
 async def broadcast_unless_called_off(
@@ -88,8 +77,25 @@ async def broadcast_unless_called_off(
 ) -> Any:
     """Await `transfer` (a broadcast of `generation`, sent or received); call `abandon()` when the
     synchronizer no longer has that broadcast in progress (see the module docstring)."""
-    task = asyncio.ensure_future(transfer)
-    gone = 0
+
+    def called_off() -> bool:
+        return client.broadcast_generation != generation
+
+    return await _watched(client, transfer, called_off, abandon, poll_s, times=2)
+
+
+async def _watched(
+    client: GenerationSource,
+    work: Awaitable[Any],
+    gone: Callable[[], bool],
+    abandon: Callable[[], None],
+    poll_s: float,
+    times: int,
+) -> Any:
+    """Await `work`, heartbeating every `poll_s` while it runs; `abandon()` once `gone()` held after
+    `times` heartbeats in a row, or when the wait is cancelled (the work gives up at its next look)."""
+    task = asyncio.ensure_future(work)
+    seen = 0
     try:
         while True:
             done, _ = await asyncio.wait({task}, timeout=poll_s)
@@ -98,12 +104,12 @@ async def broadcast_unless_called_off(
             try:
                 await client.heartbeat()
             except Exception:  # noqa: BLE001 - the synchronizer is away: the group's own timeout bounds it
-                gone = 0
+                seen = 0
                 continue
-            gone = gone + 1 if client.broadcast_generation != generation else 0
-            if gone == 2:
+            seen = seen + 1 if gone() else 0
+            if seen == times:
                 abandon()
     finally:
-        if not task.done():  # cancelled: the transfer gives up at its next look
+        if not task.done():
             abandon()
             await asyncio.gather(task, return_exceptions=True)
