@@ -24,9 +24,9 @@ A member silent for `heartbeat_timeout` is marked LOST by the watchdog task that
 (nothing starts in the constructor). An explorer that joins, leaves or is lost, or a failed
 broadcast, starts a new group generation and aborts a broadcast that has not begun; a broadcast
 whose sender or receiver left, was lost, registered again (a restarted process) or failed to receive
-it is called off, and heartbeats say so (`broadcast_generation`) to the members blocked in it. With nccl an
-explorer holds only what it received, so a (re)joined explorer waiting for the published version
-gets it re-broadcast (same version, no bump) at the trainer's next `request_sync`.
+it is called off, and heartbeats say so (`broadcast_generation`) to the members blocked in it. With
+nccl an explorer holds only what it received, so a (re)joined explorer waiting for the published
+version gets it re-broadcast (same version, no bump) at the trainer's next `request_sync`.
 Every state change is an `Event` in `history`; `on_event` (optional) sees each one as it happens
 (the service appends them to `<job_dir>/synchronizer/events.jsonl`).
 """
@@ -175,8 +175,8 @@ class SynchronizerCore:
         return b.generation if b is not None else 0
 
     def _call_off(self, member_id: str, why: str) -> None:
-        """`member_id` left, was lost or registered again (a new process): when it sends the broadcast
-        in progress (the trainer) or receives it, that broadcast can never complete. It is dropped, so
+        """`member_id` left, was lost, registered again (a new process) or failed to receive: when it
+        sends the broadcast in progress (the trainer) or receives it, that broadcast can never complete. It is dropped, so
         the members blocked in it see no broadcast of their generation with their heartbeats and give
         it up (`superseded.broadcast_unless_called_off`) instead of waiting out the group's timeout."""
         b, m = self._broadcast, self.members.get(member_id)

@@ -15,10 +15,10 @@ A joined member blocked in a broadcast has the same problem once the broadcast c
 complete: its sender (the trainer) was killed and restarted, or a member is gone. A receiver may not
 even learn of it from the network (a connection whose close never arrived, a peer that stalled), so
 `broadcast_unless_called_off(client, generation, transfer, abandon)` heartbeats while the transfer
-(a receive, or the trainer's send: a receiver that stalled leaves it waiting too) runs
-and calls `abandon()` once the synchronizer has said twice in a row that no broadcast of
-`generation` is in progress (`broadcast_generation`: it calls a broadcast off when its sender or a
-member leaves, is lost, registers again or fails to receive it); twice, so that the end of a broadcast that is just
+(a receive, or the trainer's send: a receiver that stalled leaves it waiting too) runs and calls
+`abandon()` once the synchronizer has said twice in a row that no broadcast of `generation` is in
+progress (`broadcast_generation`: it calls a broadcast off when its sender or a member leaves, is
+lost, registers again or fails to receive it); twice, so that the end of a broadcast that is just
 finishing is not taken for its loss. The transfer then raises `StaleGenerationError`.
 """
 
