@@ -264,7 +264,9 @@ def test_the_gpu_image_adds_the_vllm_extra():
     lines = _instructions(DEPLOY / "Dockerfile.gpu")
     assert lines[0] == "FROM python:3.11-slim"
     text = "\n".join(lines)
-    assert 'pip install ".[vllm]"' in text and "download.pytorch.org/whl/cpu" not in text
+    # the versions scripts/test.sh resolves (requirements/constraints-vllm.txt), not a free resolve
+    assert 'pip install -c requirements/constraints-vllm.txt ".[vllm]"' in text
+    assert "download.pytorch.org/whl/cpu" not in text
     _check_copies(text, DEPLOY / "Dockerfile.gpu.dockerignore")
 
 
