@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# Set everything up, then run the checks CI runs: ruff, the proto drift check, the import rule and the
-# unit, integration and end-to-end tests and the deploy test of the compose stack on a real Docker engine
-# (GPU-marked tests skip without CUDA).
+# Set everything up, then run the checks CI runs: ruff, the proto drift check, the import rule, the vLLM
+# constraints' resolves, the unit, integration and end-to-end tests and the deploy test of the compose
+# stack on a real Docker engine (GPU-marked tests skip without CUDA), then the vLLM suite against a real
+# vLLM engine from the vLLM environment (.venv-vllm: vLLM's CPU build on a machine without a GPU).
+# Arguments go to the main test run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+RFT_VENV=${RFT_VLLM_VENV:-.venv-vllm} bash scripts/setup.sh --engine vllm
 PY=${RFT_VENV:-.venv}/bin
+VPY=${RFT_VLLM_VENV:-.venv-vllm}/bin
 
 echo "== ruff"
 "$PY/ruff" check .
@@ -13,5 +17,9 @@ echo "== proto drift check"
 "$PY/python" scripts/gen_protos.py --check
 echo "== import rule (a service never imports another service)"
 "$PY/python" -m pytest -q -p no:cacheprovider tests/unit/common/test_conventions.py
+echo "== vLLM constraints resolve (the CUDA wheel for GPU machines and deploy/Dockerfile.gpu; the CPU build)"
+bash scripts/check_vllm_resolve.sh
 echo "== tests"
 "$PY/python" -m pytest -q -p no:cacheprovider tests/unit tests/integration tests/e2e tests/deploy "$@"
+echo "== vLLM tests (a real vLLM engine)"
+"$VPY/python" -m pytest -q -p no:cacheprovider -m vllm tests/vllm_engine
