@@ -198,10 +198,9 @@ class VLLMEngine:
         """Engine `index` (its seed is `seed + index`) on the `tensor_parallel_size` GPUs from
         `device` (the explorer's placement), or on every visible GPU when `device` is None."""
         vllm = _import_vllm()
-        from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        on_cpu = current_platform.is_cpu()
+        on_cpu = not torch.cuda.is_available()  # vLLM's CPU build (its torch is the CPU build)
         if on_cpu:
             cpu_environment()
         tp = cfg.tensor_parallel_size
