@@ -92,16 +92,23 @@ class WeightSyncExtension:
 def with_folder_rest(
     given: Iterable[tuple[str, torch.Tensor]], folder: str, device: Any
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """`given`, then every other tensor of the model folder's safetensors files, read onto `device`."""
+    """`given`, then every other tensor of the model folder's safetensors files, read onto `device`.
+    A folder without them is refused here, before the reload has taken anything."""
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        raise WeightLoadError(f"{folder} has no *.safetensors files to complete a partial load from")
+    return _given_then_rest(given, files, device)
+
+
+def _given_then_rest(
+    given: Iterable[tuple[str, torch.Tensor]], files: list[Path], device: Any
+) -> Iterator[tuple[str, torch.Tensor]]:
     from safetensors import safe_open
 
     seen = set()
     for name, t in given:
         seen.add(name)
         yield name, t
-    files = sorted(Path(folder).glob("*.safetensors"))
-    if not files:
-        raise WeightLoadError(f"{folder} has no *.safetensors files to complete a partial load from")
     for path in files:
         with safe_open(str(path), framework="pt", device=str(device)) as f:
             for name in f.keys():  # noqa: SIM118 (a safe_open handle is not iterable)

@@ -1,9 +1,11 @@
 """The vllm engine's weight loads and sleep mode without vLLM: what crosses `collective_rpc` survives a
 msgpack round trip unchanged (vLLM's transport is msgspec msgpack, which rebuilds tensors only in fields
 typed as tensors), the worker extension rebuilds identical tensors from it, loads a full state dict
-through vLLM's in-place reload (post-load processing) and refuses a subset for a quantized model; the
-engine sleeps when the explorer says an explore step's generation is done and wakes before the next
-generation or weight load. vLLM's own side of each is held by scripts/vllm_api_rules.py."""
+through vLLM's in-place reload (post-load processing), completes a subset (strict=False) with the rest of
+the model folder's tensors and reloads it whole, refuses a subset for a quantized model, and ties and
+processes a tied output layer again after a reload; the engine sleeps when the explorer says an explore
+step's generation is done and wakes before the next generation or weight load. vLLM's own side of each
+is held by scripts/vllm_api_rules.py; the real engine's is tests/vllm_engine."""
 
 from __future__ import annotations
 
@@ -17,9 +19,9 @@ import safetensors.torch
 import torch
 from rft.v1 import common_pb2
 
-from services.common.weight_sync import GroupInfo, TensorSpec
+from services.common.weight_sync import GroupInfo, TensorSpec, WeightLoadError
 from services.explorer.engines.vllm import VLLMEngine
-from services.explorer.engines.vllm_worker import QuantizedPartialLoadError, WeightSyncExtension
+from services.explorer.engines.vllm_worker import QuantizedPartialLoadError, WeightSyncExtension, tied_layers
 from services.explorer.engines.weights_shm import read_shared_weights, write_shared_weights
 
 from .fakes import CharTokenizer, sampling
@@ -67,23 +69,38 @@ def test_a_tensor_does_not_survive_the_transport():
         _round_trip(([("w", torch.ones(2))],))
 
 
-class FakeWorker(WeightSyncExtension):
-    """The attributes vLLM's GPU worker gives the extension, on the CPU; records what it loads."""
+class TiedModel(torch.nn.Module):
+    """An input embedding and an output layer holding its weight (tied embeddings), as vLLM builds them;
+    the output layer's `quant_method` records the post-load processing it gets."""
 
-    def __init__(self, quantization: str | None = None):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(7, 4)
+        self.norm = torch.nn.LayerNorm(4)
+        self.head = torch.nn.Linear(4, 7, bias=False)
+        self.head.weight = self.embed.weight
+        self.processed: list[torch.nn.Module] = []
+        self.head.quant_method = SimpleNamespace(process_weights_after_loading=self.processed.append)
+
+
+class FakeWorker(WeightSyncExtension):
+    """The attributes vLLM's worker gives the extension, on the CPU; records what it reloads. Its
+    `reload_weights` replaces every tensor as vLLM's layerwise reload does (new parameter objects),
+    which unties a tied layer."""
+
+    def __init__(self, quantization: str | None = None, folder: str | Path = ""):
         self.device, self.rank = torch.device("cpu"), 0
-        self.model_config = SimpleNamespace(quantization=quantization)
+        self.model_config = SimpleNamespace(quantization=quantization, model=str(folder))
         self.reloaded: list[tuple[str, torch.Tensor]] = []
-        self.loaded: list[tuple[str, torch.Tensor]] = []
-        self.model_runner = SimpleNamespace(model=SimpleNamespace(load_weights=self._direct))
+        self.reloads = 0
+        self.model_runner = SimpleNamespace(model=TiedModel())
 
     def reload_weights(self, weights_iterator=None, is_checkpoint_format=True):
         assert is_checkpoint_format
+        self.reloads += 1
         self.reloaded += list(weights_iterator)
-
-    def _direct(self, weights):
-        self.loaded += list(weights)
-        return {n for n, _ in self.loaded}
+        embed = self.model_runner.model.embed
+        embed.weight = torch.nn.Parameter(embed.weight.detach().clone() + 1)
 
 
 class FakeLLM:
@@ -136,7 +153,7 @@ async def test_load_weights_reaches_the_worker_through_msgpack_and_vllms_reload(
     await engine.load_weights(want, version=3)
     worker, llm = engine.llm.worker, engine.llm
     _same(worker.reloaded, want)  # full state dict: vLLM's in-place reload (post-load processing)
-    assert worker.loaded == [] and engine.model_version == 3
+    assert engine.model_version == 3
     assert llm.events == ["rft_load_shared", "reset_prefix_cache"]
     assert llm.files and not any(Path(f).exists() for f in llm.files)  # the shared file is removed
 
@@ -155,19 +172,56 @@ async def test_the_group_payloads_survive_the_transport():
     assert engine.model_version == 7
 
 
-async def test_a_subset_loads_directly_and_a_quantized_model_refuses_it():
-    engine = _engine()
-    subset = _weights()[1:3]
-    await engine.load_weights(subset, version=4, strict=False)
-    _same(engine.llm.worker.loaded, subset)
-    assert engine.llm.worker.reloaded == []
+async def test_a_subset_is_completed_from_the_model_folder_and_reloaded_whole(tiny_model_dir):
+    """strict=False (a LoRA run's merged layers): the given tensors first, then every other tensor of
+    the model folder (the frozen base), all through vLLM's reload; a given name is not read again."""
+    folder = safetensors.torch.load_file(str(tiny_model_dir / "model.safetensors"))
+    name = "model.layers.0.mlp.up_proj.weight"
+    merged = [(name, folder[name] + 1)]
+    engine = _engine(FakeWorker(folder=tiny_model_dir))
+    await engine.load_weights(merged, version=4, strict=False)
+    reloaded = engine.llm.worker.reloaded
+    _same(reloaded[:1], merged)
+    rest = sorted(n for n in folder if n != name)
+    assert sorted(n for n, _ in reloaded[1:]) == rest
+    for n, t in reloaded[1:]:
+        assert torch.equal(t, folder[n]), n
+    assert engine.model_version == 4 and engine.llm.events == ["rft_load_shared", "reset_prefix_cache"]
 
-    quantized = _engine(FakeWorker(quantization="fp8"))
+
+async def test_a_subset_with_no_model_folder_weights_to_complete_it_is_an_error(tmp_path):
+    engine = _engine(FakeWorker(folder=tmp_path))
+    with pytest.raises(WeightLoadError, match="no \\*.safetensors files"):
+        await engine.load_weights(_weights()[1:3], version=4, strict=False)
+    assert engine.model_version == 0 and engine.llm.worker.reloads == 0  # refused before the reload
+
+
+async def test_a_quantized_model_refuses_a_subset(tiny_model_dir):
+    quantized = _engine(FakeWorker(quantization="fp8", folder=tiny_model_dir))
     with pytest.raises(QuantizedPartialLoadError, match="quantized \\(fp8\\).*lora_adapter"):
-        await quantized.load_weights(subset, version=5, strict=False)
-    assert quantized.model_version == 0 and not any(Path(f).exists() for f in quantized.llm.files)
+        await quantized.load_weights(_weights()[1:3], version=5, strict=False)
+    assert quantized.model_version == 0 and quantized.llm.worker.reloads == 0
+    assert not any(Path(f).exists() for f in quantized.llm.files)
     await quantized.load_weights(_weights(), version=6)  # a full state dict is fine: vLLM reprocesses it
     assert quantized.model_version == 6
+
+
+async def test_a_tied_output_layer_is_tied_again_and_processed_after_a_reload():
+    """vLLM's reload gives the embedding a new weight and leaves the tied output layer on the old one:
+    the layer gets the embedding's new weight again and its post-load processing runs once."""
+    engine = _engine()
+    model = engine.llm.worker.model_runner.model
+    old = model.embed.weight
+    await engine.load_weights(_weights()[:1], version=1)
+    assert model.embed.weight is not old
+    assert model.head.weight is model.embed.weight and model.processed == [model.head]
+
+
+def test_tied_layers_finds_each_layer_holding_another_layers_weight():
+    model = TiedModel()
+    assert tied_layers(model) == [(model.head, model.embed)]
+    model.head.weight = torch.nn.Parameter(model.embed.weight.detach().clone())  # untied
+    assert tied_layers(model) == []
 
 
 async def test_sleep_mode_sleeps_after_generation_and_wakes_before_the_next_use():
