@@ -6,12 +6,15 @@ the tests share one: `vllm_engine` (session-scoped, on the session's event loop;
 `pytestmark = pytest.mark.asyncio(loop_scope="session")`) runs the tiny model in float32. A test that
 loads other weights into it puts the model folder's weights back before it ends (`restore_weights`).
 Features the CPU build lacks (sleep mode, NCCL, CUDA IPC, tensor parallelism) are skipped with
-`needs_gpu(feature)`, naming the feature.
+`needs_gpu(feature)`, naming the feature. The engine is held to the trainer's numbers with
+`trainer_logprobs` (the HF model of the same weights in float32, as the trainer computes log-probs),
+`engine_logprobs` (the engine's on fixed tokens) and `assert_engine_holds` (both agree within 1e-5).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -67,3 +70,88 @@ async def restore_weights(engine, model_dir: Path, version: int = 0) -> None:
 
     engine.set_inflight_updates(False)
     await engine.load_weights(read_safetensors_folder(str(model_dir)), version=version)
+
+
+# ---- the trainer's log-probs and the engine's, on the same tokens -----------------------------------
+FIXED_TEXTS = (
+    "12+34=46, then 7*8=56 and 9-3=6.",
+    "Tom has 3 apples; he eats 1, so 3-1=2 are left over.",
+)
+PROMPT_TOKENS = 4  # the first tokens of a fixed text prompt the rest
+
+
+def fixed_sequences(tokenizer) -> list[tuple[list[int], list[int]]]:
+    """(prompt, continuation) token ids of `FIXED_TEXTS`."""
+    out = []
+    for text in FIXED_TEXTS:
+        ids = tokenizer.encode(text)
+        out.append((ids[:PROMPT_TOKENS], ids[PROMPT_TOKENS:]))
+    return out
+
+
+def hf_model(model_dir: Path, state=None, strict: bool = True):
+    """The trainer's view of the policy: the HF model of `model_dir` in float32, with `state` (a state
+    dict or (name, tensor) pairs) loaded over the folder's weights."""
+    from services.common.modeling import load_model
+    from services.common.weight_sync import load_weights
+
+    model = load_model(model_dir, dtype="float32").eval()
+    if state is not None:
+        load_weights(model, state, strict=strict)
+    return model
+
+
+def trainer_logprobs(model, prompt, tokens, temperature: float = 1.0) -> torch.Tensor:
+    """Log-probs of `tokens` after `prompt` as the trainer computes them (services/trainer/actor.py
+    `policy_forward`): float32 logits at the positions that predict them, divided by the temperature,
+    log_softmax gathered at the tokens (`logprobs_from_logits`)."""
+    from services.trainer.algorithms import logprobs_from_logits
+
+    ids = torch.tensor([[int(t) for t in prompt] + [int(t) for t in tokens]])
+    with torch.no_grad():
+        logits = model(input_ids=ids, use_cache=False).logits[0, len(prompt) - 1 : -1].float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    return logprobs_from_logits(logits, torch.tensor([int(t) for t in tokens]))
+
+
+async def engine_logprobs(engine, prompt, tokens) -> torch.Tensor:
+    """The engine's log-probs of the fixed `tokens` after `prompt` at temperature 1: vLLM's prompt
+    log-probs of the whole sequence (log_softmax of the model's logits, the same lm_head as sampling)."""
+    import vllm
+    from vllm.inputs import TokensPrompt
+
+    ids = [int(t) for t in prompt] + [int(t) for t in tokens]
+    params = vllm.SamplingParams(max_tokens=1, prompt_logprobs=0)
+    final = None
+    async for out in engine.llm.generate(
+        TokensPrompt(prompt_token_ids=ids), params, f"score-{uuid.uuid4().hex}"
+    ):
+        final = out
+    assert final is not None and final.prompt_logprobs is not None
+    return torch.tensor(
+        [final.prompt_logprobs[len(prompt) + i][t].logprob for i, t in enumerate(ids[len(prompt) :])]
+    )
+
+
+TOLERANCE = 1e-5  # float32 engine vs float32 trainer, on the same tokens
+CHANGED = 1e-3  # a load that took: the log-probs moved by more than this somewhere
+
+
+async def assert_engine_holds(engine, model, old=None) -> None:
+    """The engine's log-probs on the fixed sequences equal `model`'s (the trainer's, within
+    `TOLERANCE`) and, given `old`, differ from `old`'s (the weights changed)."""
+    moved = 0.0
+    for prompt, tokens in fixed_sequences(engine.tokenizer):
+        got = await engine_logprobs(engine, prompt, tokens)
+        torch.testing.assert_close(got, trainer_logprobs(model, prompt, tokens), rtol=0, atol=TOLERANCE)
+        if old is not None:
+            moved = max(moved, float((got - trainer_logprobs(old, prompt, tokens)).abs().max()))
+    if old is not None:
+        assert moved > CHANGED, f"the engine's log-probs moved by only {moved:.2e} from the old weights'"
+
+
+@pytest.fixture(scope="session")
+def hf_base(vllm_model_dir: Path):
+    """The trainer's model of the session's folder (the engine's weights between tests)."""
+    return hf_model(vllm_model_dir)

@@ -11,13 +11,16 @@ sampling streams each child on its own and the last output holds only the sample
 tokens under the processed distribution (`logprobs_mode="processed_logprobs"`: after penalties,
 temperature, top-k and top-p, `vllm/v1/sample/sampler.py` `Sampler.sample`), the same contract as the
 `hf` engine; the trainer recomputes them as log_softmax(logits / T) (`raw_logprobs` would be before the
-temperature). Weight updates go through a worker extension (`vllm_worker.WeightSyncExtension`, the
-pattern of vLLM's RLHF examples): every worker joins the weight-sync broadcast group with its own rank
-and loads the broadcast tensors, or reads those handed over by `load_weights` from a shared-memory
-safetensors file (weights_shm.py: `collective_rpc` arguments must be plain values); the prefix cache is
-reset after. With `enable_sleep_mode` (on by default on a GPU shared with the trainer) the explorer puts
-the engine to sleep after an explore step's generation (`sleep()`: level 1, weights to host memory, KV
-cache freed) and it wakes before its next generation or weight load.
+temperature). A sample's text is its token ids decoded without special tokens, as the `hf` engine's,
+cut before the stop string that ended it (vLLM's own text leaves out a trailing incomplete character
+of a byte-level tokenizer). Weight updates go through a worker extension
+(`vllm_worker.WeightSyncExtension`, the pattern of vLLM's RLHF examples): every worker joins the
+weight-sync broadcast group with its own rank and loads the broadcast tensors, or reads those handed
+over by `load_weights` from a shared-memory safetensors file (weights_shm.py: `collective_rpc`
+arguments must be plain values); the prefix cache is reset after. With `enable_sleep_mode` (on by
+default on a GPU shared with the trainer) the explorer puts the engine to sleep after an explore step's
+generation (`sleep()`: level 1, weights to host memory, KV cache freed) and it wakes before its next
+generation or weight load.
 
 In-flight weight updates (`set_inflight_updates`, explorer.inflight_weight_update), through vLLM's
 pause API as AReaL's interruptible generation: a load does not wait for running requests; it pauses
@@ -291,7 +294,14 @@ class VLLMEngine:
         for c in final.outputs:
             ids = list(c.token_ids)
             lps = [float(step[t].logprob) for step, t in zip(c.logprobs or [], ids, strict=False)]
-            samples.append(_Sample(ids, lps, str(c.finish_reason), c.text))
+            # the text of the ids, as the hf engine's (vLLM's own leaves a trailing incomplete character
+            # out), except for a stop string that ended the sample: vLLM's text stops before it
+            text = (
+                c.text
+                if isinstance(c.stop_reason, str)
+                else self._tokenizer.decode(ids, skip_special_tokens=True)
+            )
+            samples.append(_Sample(ids, lps, str(c.finish_reason), text))
         return samples, version, self._pauses - pauses
 
     async def _one(self, prompt: list[int], params: SamplingParams) -> list[GenerationOutput]:
