@@ -6,7 +6,10 @@ asks its `rft.v1.Liveness` (its heartbeat and step) for the supervisor's watchdo
 
 Children run in their own session so a Ctrl-C in the terminal reaches only `rft run`, which then
 stops them in order (explorers and trainer first, so the trainer flushes its checkpoint while the
-buffer is still up). On Linux each child also gets `PR_SET_PDEATHSIG`: if `rft run` itself dies
+buffer is still up). The processes a child starts share its process group: once the child has exited
+(seen by `poll`, `running` or `wait`), what is left of its group is SIGKILLed, so nothing it started
+outlives it (a SIGKILLed explorer's vLLM engine core and workers would otherwise keep running,
+reparented to init, holding their memory while the restarted explorer starts new ones). On Linux each child also gets `PR_SET_PDEATHSIG`: if `rft run` itself dies
 without cleaning up (SIGKILL), the kernel sends the child SIGTERM, so no orphan keeps running.
 
 The child sets that itself, in a few lines of Python that then exec the service (same pid), rather than
@@ -154,6 +157,8 @@ class ServiceProcess:
     # what a client of the service needs (`services.auth_token`, `services.tls`): for `progress`
     auth_token: str | None = None
     tls: TLSConfig | None = None
+    # this start's exit was seen and what was left of its process group killed
+    _reaped: bool = field(default=False, repr=False)
 
     def start(self, cwd: Path | None = None, extra_env: Mapping[str, str] | None = None) -> None:
         """Start (or start again, after it exited): the port is read anew from the port file."""
@@ -164,6 +169,7 @@ class ServiceProcess:
             self.port_file.unlink(missing_ok=True)
         log = self.log_file.open("ab")
         self.log_offset = log.tell()
+        self._reaped = False
         try:
             self.proc = subprocess.Popen(
                 _with_parent(self.argv),
@@ -183,11 +189,26 @@ class ServiceProcess:
 
     def poll(self) -> int | None:
         """The exit code, or None while it runs (or was never started)."""
-        return self.proc.poll() if self.proc is not None else None
+        if self.proc is None:
+            return None
+        code = self.proc.poll()
+        if code is not None:
+            self._reap()
+        return code
 
     @property
     def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self.proc is not None and self.poll() is None
+
+    def _reap(self) -> None:
+        """The first time its exit is seen: SIGKILL what is left of its process group (its children,
+        and theirs, that outlived it). Right away, while the group's id cannot have been reused: the
+        kernel gives no new process the id of a group that still has members."""
+        if self._reaped or self.proc is None:
+            return
+        self._reaped = True
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
 
     def read_port(self) -> int | None:
         """The bound port once the service wrote it (after its gRPC server started)."""
@@ -252,9 +273,11 @@ class ServiceProcess:
         if self.proc is None:
             return None
         try:
-            return self.proc.wait(timeout_s)
+            code = self.proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
             return None
+        self._reap()
+        return code
 
     def tail(self, lines: int = 20) -> str:
         return tail(self.log_file, lines)
