@@ -1,7 +1,8 @@
-"""In-flight weight updates on the vllm engine, with vLLM replaced (it needs a GPU): an update pauses
-the engine (abort mode, caches cleared), loads, sets the version and resumes; every sample it cut is
-continued from its prompt plus the tokens it had, on the new version, and records per token the
-version that sampled it. The vLLM names used are checked by scripts/check_vllm_api.py."""
+"""In-flight weight updates on the vllm engine, with vLLM replaced (runs in the main environment): an
+update pauses the engine (abort mode, caches cleared), loads, sets the version and resumes; every sample
+it cut is continued from its prompt plus the tokens it had, on the new version, and records per token
+the version that sampled it. The vLLM names used are checked by scripts/check_vllm_api.py; the real
+engine's in-flight updates by tests/vllm_engine/test_vllm_inflight.py."""
 
 from __future__ import annotations
 
