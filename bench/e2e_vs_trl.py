@@ -1,6 +1,7 @@
 """End to end: the same GRPO job run by RFT Mesh (`rft run`) and by TRL's `GRPOTrainer`, side by side.
 
     python bench/e2e_vs_trl.py [--quick] [--size tiny|small] [--steps N] [--reps R] [--trl-python PATH]
+                               [--vllm-python PATH | --no-vllm] [--vllm-explorers N]
 
 The job: the tiny Qwen2 of `rft make-tiny-model` (`--size small`: its ~10M-parameter one) warmed up
 on the right answers (`rft_runs.warm_model`; both sides start from that same folder), the a+b prompts
@@ -14,10 +15,16 @@ compiled from the product's source), 8 prompts per step x 8 samples (`repeat_tim
   processes that share each step's 8 prompts (`--explorers 2`, `explorer.split_batch`: sampling
   runs on both cores while the trainer waits; the trainer has them while the explorers wait), so
   five processes; each has one torch thread.
+- RFT Mesh on vLLM: the same `rft run` with `explorer.rollout_model.engine_type: vllm`, run by the vLLM
+  environment's interpreter (`--vllm-python`, default .venv-vllm/bin/python: `bash scripts/setup.sh
+  --engine vllm`; vLLM's CPU build here), `--vllm-explorers` explorer processes (each with its engine:
+  the explorer, vLLM's engine core and its worker, one torch thread each). Left out without that
+  environment or with `--no-vllm`.
 - TRL: `GRPOTrainer` in one process (no vLLM; defaults otherwise: loss "dapo", one iteration), with
   one torch thread (`--trl-threads`), as `rft run` gives each of its processes (OMP_NUM_THREADS=1 on a
   2-core machine); with 2 threads TRL was 2-25x slower here whenever other work shared the cores.
-Runs alternate (ours, TRL, TRL, ours, ...), `--reps` each; figures are medians over repetitions.
+Runs alternate (ours, TRL, ours on vLLM, then the reverse order, ...), `--reps` each; figures are medians
+over repetitions.
 Completions/s and trained tokens/s (prompt + completion) count steps after `--warmup` (start-up, model
 load and the first steps are out on both sides); reward is the mean reward of the samples of the last 5
 steps of N, i.e. after the same number of samples on both sides.
@@ -28,7 +35,8 @@ is missing the benchmark creates it with the CPU torch pin (about a minute, 1.5 
     python3 -m venv .venv-bench && .venv-bench/bin/pip install torch==2.13.0 && .venv-bench/bin/pip install trl
 
 The last line printed is one JSON object (DESIGN.md section 8): "ratio" = our completions/s / TRL's,
-"target" 3.0 (the goal of the scale work; 2.0 before it).
+"target" 3.0 (the goal of the scale work; 2.0 before it); with the vLLM run also `rft_vllm_*` figures and
+"vllm_ratio" = its completions/s / TRL's (the same run's TRL).
 """
 
 from __future__ import annotations
@@ -42,6 +50,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "protos"), str(ROOT / "bench")]
@@ -94,8 +104,10 @@ def trl_figures(r: dict, warmup: int) -> dict[str, float]:
     }
 
 
-def rft_figures(config: Path, job_dir: Path, warmup: int, explorers: int) -> dict[str, float]:
-    r = run_rft(config, job_dir, explorers=explorers)
+def rft_figures(
+    config: Path, job_dir: Path, warmup: int, explorers: int, python: str | None = None
+) -> dict[str, float]:
+    r = run_rft(config, job_dir, explorers=explorers, python=python)
     cps, tps, sps = r.window(warmup, SAMPLES)
     return {"completions_per_s": cps, "tokens_per_s": tps, "s_per_step": sps,
             "reward": mean_last(r.reward, LAST), "wall_s": r.wall_s}  # fmt: skip
@@ -113,24 +125,45 @@ def main() -> None:
     )
     ap.add_argument("--explorers", type=int, default=2,
                     help="explorer processes sharing each step's prompts (explorer.split_batch)")  # fmt: skip
+    ap.add_argument("--vllm-python", type=Path, default=ROOT / ".venv-vllm" / "bin" / "python",
+                    help="the vLLM environment's interpreter, for the run on the vllm engine")  # fmt: skip
+    ap.add_argument("--no-vllm", action="store_true", help="leave the run on the vllm engine out")
+    ap.add_argument("--vllm-explorers", type=int, default=None,
+                    help="explorer processes of the vllm run, each with an engine (default --explorers)")  # fmt: skip
     args = ap.parse_args()
     python = ensure_trl(args.trl_python)
+    vllm = not args.no_vllm and args.vllm_python.exists()
+    if not args.no_vllm and not vllm:
+        print(
+            f"the vllm run is left out: no {args.vllm_python} (bash scripts/setup.sh --engine vllm)",
+            flush=True,
+        )
+    vllm_explorers = args.vllm_explorers or args.explorers
+    sides = ("rft", "trl", "vllm") if vllm else ("rft", "trl")
     steps, warmup, reps, model = run_plan(args)
     work = Path(tempfile.mkdtemp(prefix="e2e_vs_trl-"))
     ours: list[dict[str, float]] = []
     base: list[dict[str, float]] = []
+    on_vllm: list[dict[str, float]] = []
     try:
         for rep in range(reps):
-            order = ("rft", "trl") if rep % 2 == 0 else ("trl", "rft")
+            order = sides if rep % 2 == 0 else sides[::-1]
             for side in order:
-                if side == "rft":
-                    name = f"rep{rep}"
+                if side in ("rft", "vllm"):
+                    name = f"rep{rep}" if side == "rft" else f"vllm-rep{rep}"
+                    n = args.explorers if side == "rft" else vllm_explorers
                     cfg = grpo_config(work / f"{name}.yaml", model=model, root=work / "ck", name=name,
                                       steps=steps, sync_offset=0, max_tokens=MAX_TOKENS, lr=LR,
                                       temperature=TEMPERATURE, repeat_times=GROUP, batch_size=PROMPTS,
-                                      seed=rep, split_batch=args.explorers > 1)  # fmt: skip
-                    ours.append(rft_figures(cfg, work / "ck" / "bench" / name, warmup, args.explorers))
-                    fig = ours[-1]
+                                      seed=rep, split_batch=n > 1)  # fmt: skip
+                    if side == "vllm":
+                        tree = yaml.safe_load(cfg.read_text())
+                        tree["explorer"]["rollout_model"]["engine_type"] = "vllm"
+                        cfg.write_text(yaml.safe_dump(tree, sort_keys=False))
+                    rows = ours if side == "rft" else on_vllm
+                    interpreter = str(args.vllm_python) if side == "vllm" else None
+                    rows.append(rft_figures(cfg, work / "ck" / "bench" / name, warmup, n, python=interpreter))
+                    fig = rows[-1]
                 else:
                     base.append(
                         trl_figures(run_trl(python, model, steps, work, args.trl_threads, rep), warmup)
@@ -148,14 +181,27 @@ def main() -> None:
     keys = ("completions_per_s", "tokens_per_s", "s_per_step", "reward", "wall_s")
     o = {k: med(ours, k) for k in keys}
     b = {k: med(base, k) for k in keys}
+    v = {k: med(on_vllm, k) for k in keys} if on_vllm else None
     print(f"\nGRPO, {args.size} Qwen2, {steps} steps x {SAMPLES} samples (<= {MAX_TOKENS} tokens), "
           f"throughput after {warmup} warm-up steps, median of {reps}")  # fmt: skip
-    print(f"{'':12s}{'completions/s':>15s}{'tokens/s':>12s}{'s/step':>9s}{'reward':>9s}{'process s':>11s}")
-    for label, f in (("RFT Mesh", o), ("TRL", b)):
-        print(f"{label:12s}{f['completions_per_s']:15.1f}{f['tokens_per_s']:12.0f}{f['s_per_step']:9.3f}"
+    print(f"{'':18s}{'completions/s':>15s}{'tokens/s':>12s}{'s/step':>9s}{'reward':>9s}{'process s':>11s}")
+    table = [("RFT Mesh (hf)", o), ("TRL", b)] + ([("RFT Mesh (vllm)", v)] if v else [])
+    for label, f in table:
+        print(f"{label:18s}{f['completions_per_s']:15.1f}{f['tokens_per_s']:12.0f}{f['s_per_step']:9.3f}"
               f"{f['reward']:9.3f}{f['wall_s']:11.1f}")  # fmt: skip
     ratio = o["completions_per_s"] / b["completions_per_s"]
     print(f"ratio (completions/s, ours / TRL): {ratio:.2f}x   target {TARGET}x", flush=True)
+    extra: dict[str, object] = {}
+    if v:
+        vratio = v["completions_per_s"] / b["completions_per_s"]
+        print(f"ratio on the vllm engine (completions/s, ours / TRL): {vratio:.2f}x", flush=True)
+        extra = {
+            "rft_vllm_completions_per_s": round(v["completions_per_s"], 2),
+            "rft_vllm_tokens_per_s": round(v["tokens_per_s"], 1),
+            "rft_vllm_s_per_step": round(v["s_per_step"], 4),
+            "rft_vllm_reward": round(v["reward"], 4), "rft_vllm_process_s": round(v["wall_s"], 1),
+            "vllm_explorers": vllm_explorers, "vllm_ratio": round(vratio, 3),
+        }  # fmt: skip
     print(json.dumps({
         "bench": "e2e_vs_trl", "quick": args.quick, "size": args.size, "steps": steps, "warmup": warmup, "reps": reps,
         "samples_per_step": SAMPLES, "max_completion_length": MAX_TOKENS,
@@ -165,7 +211,8 @@ def main() -> None:
         "trl_s_per_step": round(b["s_per_step"], 4), "trl_reward": round(b["reward"], 4),
         "tokens_ratio": round(o["tokens_per_s"] / b["tokens_per_s"], 3),
         "reward_delta": round(o["reward"] - b["reward"], 4),
-        "trl_threads": args.trl_threads, "explorers": args.explorers, "ratio": round(ratio, 3), "target": TARGET,
+        "trl_threads": args.trl_threads, "explorers": args.explorers, **extra,
+        "ratio": round(ratio, 3), "target": TARGET,
     }))  # fmt: skip
 
 

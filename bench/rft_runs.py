@@ -180,13 +180,19 @@ def _stamp(value: str) -> float:
 
 
 def run_rft(
-    config: Path, job_dir: Path, threads: dict[str, str] | None = None, explorers: int = 1
+    config: Path,
+    job_dir: Path,
+    threads: dict[str, str] | None = None,
+    explorers: int = 1,
+    python: str | None = None,
 ) -> RunResult:
-    """`rft run --config config [--explorers n]`; per-step figures from the trainer's log and metrics."""
+    """`rft run --config config [--explorers n]` by `python` (default this interpreter; e.g. .venv-vllm's
+    for the vllm engine); per-step figures from the trainer's log and metrics."""
     env = {**os.environ, **(threads or {})}
     t0 = time.perf_counter()
+    argv = ["-m", "launcher.cli", "run", "--config", str(config), "--explorers", str(explorers)]
     proc = subprocess.run(
-        [sys.executable, "-m", "launcher.cli", "run", "--config", str(config), "--explorers", str(explorers)],
+        [python or sys.executable, *argv],
         cwd=ROOT,
         env=env,
         capture_output=True,
