@@ -294,11 +294,6 @@ async def test_bench_evaluates_the_base_and_every_checkpoint_with_its_version(
         )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="vLLM refuses n > 1 at temperature 0 (VLLMValidationError: n must be 1 when using greedy "
-    "sampling); the vllm engine must send such a request as n requests of n = 1 (the hf engine samples it)",
-)
 async def test_greedy_tasks_with_several_samples_each(vllm_engine, vllm_model_dir, tmp_path):
     greedy = {"repeat_times": 2, "rollout_args": {"temperature": 0.0}}
     config = _config(tmp_path, vllm_model_dir, evals=[("greedy", ROWS[:2], greedy)])

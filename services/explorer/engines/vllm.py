@@ -36,6 +36,7 @@ not seen (stop token ids are).
 from __future__ import annotations
 
 import asyncio
+import copy
 import itertools
 import os
 import time
@@ -305,6 +306,10 @@ class VLLMEngine:
         return samples, version, self._pauses - pauses
 
     async def _one(self, prompt: list[int], params: SamplingParams) -> list[GenerationOutput]:
+        if params.n > 1 and params.temperature == 0:
+            # vLLM refuses n > 1 with greedy sampling; the n samples would be the same: sample one
+            first = (await self._one(prompt, params.replace(n=1)))[0]
+            return [first] + [copy.deepcopy(first) for _ in range(params.n - 1)]
         samples, version, paused = await self._request(prompt, params)
         results = []
         for c in samples if samples is not None else [_Sample([], [], "abort", "")] * params.n:
