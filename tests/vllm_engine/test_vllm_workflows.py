@@ -295,6 +295,8 @@ async def test_bench_evaluates_the_base_and_every_checkpoint_with_its_version(
 
 
 async def test_greedy_tasks_with_several_samples_each(vllm_engine, vllm_model_dir, tmp_path):
+    """An eval taskset at temperature 0 with repeat_times 2 (vLLM itself refuses n > 1 when greedy): every
+    task gets its two samples, the same answer twice."""
     greedy = {"repeat_times": 2, "rollout_args": {"temperature": 0.0}}
     config = _config(tmp_path, vllm_model_dir, evals=[("greedy", ROWS[:2], greedy)])
     core = await _core(config, vllm_engine)
@@ -303,6 +305,7 @@ async def test_greedy_tasks_with_several_samples_each(vllm_engine, vllm_model_di
     finally:
         await _close(core)
     assert m["eval/greedy/failed_task_count"] == 0 and m["eval/greedy/experience_count"] == 4
+    assert m["eval/greedy/response_length/std@2"] == 0.0 and m["eval/greedy/reward/std@2"] == 0.0
 
 
 # ---------------------------------------------------------------------- serve mode
