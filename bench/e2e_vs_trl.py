@@ -17,9 +17,13 @@ compiled from the product's source), 8 prompts per step x 8 samples (`repeat_tim
   five processes; each has one torch thread.
 - RFT Mesh on vLLM: the same `rft run` with `explorer.rollout_model.engine_type: vllm`, run by the vLLM
   environment's interpreter (`--vllm-python`, default .venv-vllm/bin/python: `bash scripts/setup.sh
-  --engine vllm`; vLLM's CPU build here), `--vllm-explorers` explorer processes (each with its engine:
-  the explorer, vLLM's engine core and its worker, one torch thread each). Left out without that
-  environment or with `--no-vllm`.
+  --engine vllm`; vLLM's CPU build here), `--vllm-explorers` explorer processes (default 1), each with
+  its engine: the explorer, vLLM's engine core and its worker, one torch thread each. One, not two as
+  for hf: vLLM's worker busy-polls its shared-memory queue for 1 s after each message it reads
+  (`SpinCondition.busy_loop_s` in vllm/distributed/device_communicators/shm_broadcast.py), so while
+  the trainer updates, each engine's worker holds a core; two of them on 2 cores starve the trainer
+  (tiny model: 0.87 s/step with two engines, 0.37 s with one). Left out without that environment or
+  with `--no-vllm`.
 - TRL: `GRPOTrainer` in one process (no vLLM; defaults otherwise: loss "dapo", one iteration), with
   one torch thread (`--trl-threads`), as `rft run` gives each of its processes (OMP_NUM_THREADS=1 on a
   2-core machine); with 2 threads TRL was 2-25x slower here whenever other work shared the cores.
@@ -128,8 +132,8 @@ def main() -> None:
     ap.add_argument("--vllm-python", type=Path, default=ROOT / ".venv-vllm" / "bin" / "python",
                     help="the vLLM environment's interpreter, for the run on the vllm engine")  # fmt: skip
     ap.add_argument("--no-vllm", action="store_true", help="leave the run on the vllm engine out")
-    ap.add_argument("--vllm-explorers", type=int, default=None,
-                    help="explorer processes of the vllm run, each with an engine (default --explorers)")  # fmt: skip
+    ap.add_argument("--vllm-explorers", type=int, default=1,
+                    help="explorer processes of the vllm run, each with an engine (module docstring)")  # fmt: skip
     args = ap.parse_args()
     python = ensure_trl(args.trl_python)
     vllm = not args.no_vllm and args.vllm_python.exists()
@@ -138,7 +142,7 @@ def main() -> None:
             f"the vllm run is left out: no {args.vllm_python} (bash scripts/setup.sh --engine vllm)",
             flush=True,
         )
-    vllm_explorers = args.vllm_explorers or args.explorers
+    vllm_explorers = args.vllm_explorers
     sides = ("rft", "trl", "vllm") if vllm else ("rft", "trl")
     steps, warmup, reps, model = run_plan(args)
     work = Path(tempfile.mkdtemp(prefix="e2e_vs_trl-"))
