@@ -77,9 +77,12 @@ def run_seed(
         output = "" if stream else (proc.stdout + proc.stderr)[-3000:]
         sys.exit(f"seed {seed}: rft run failed ({proc.returncode}):\n{output}")
     summary = json.loads((work / f"seed{seed}" / tree["project"] / tree["name"] / "summary.json").read_text())
+    evaluated = next(iter((summary.get("eval") or {}).values()), {})
     return {
         "first": float(summary["first_reward_mean"]),
         "last": float(summary["last_reward_mean"]),
+        "eval_first": evaluated.get("first"),
+        "eval_last": evaluated.get("last"),
         "seconds": round(seconds, 1),
     }
 
@@ -98,8 +101,12 @@ def main() -> None:
         for seed in args.seeds:
             runs[seed] = run_seed(seed, Path(tmp), args.grpo_steps, args.overrides)
             r = runs[seed]
+            evals = (
+                f", eval {r['eval_first']:.3f} -> {r['eval_last']:.3f}" if r["eval_last"] is not None else ""
+            )
             print(
-                f"seed {seed}: reward {r['first']:.3f} -> {r['last']:.3f} in {r['seconds']:.0f}s", flush=True
+                f"seed {seed}: reward {r['first']:.3f} -> {r['last']:.3f}{evals} in {r['seconds']:.0f}s",
+                flush=True,
             )
     lasts = [r["last"] for r in runs.values()]
     slowest = max(r["seconds"] for r in runs.values())

@@ -179,9 +179,13 @@ def _print_done(summary: dict, top: Path, plot: str) -> None:
     def f(v):
         return "-" if v is None else f"{v:.3f}"
 
+    evals = "".join(
+        f", eval {name} {f(e.get('first'))} (step {e.get('first_step')}) -> {f(e.get('last'))} (step {e.get('last_step')})"
+        for name, e in (summary.get("eval") or {}).items()
+    )
     print(
         f"rft run: finished: {summary['steps']} steps, reward {f(summary['first_reward_mean'])} -> "
-        f"{f(summary['last_reward_mean'])}, {summary['wall_time_s']:.0f}s\n"
+        f"{f(summary['last_reward_mean'])}{evals}, {summary['wall_time_s']:.0f}s\n"
         f"checkpoint: {summary['checkpoint']}\nsummary: {top}{plot}",
         flush=True,
     )

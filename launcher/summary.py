@@ -8,6 +8,10 @@ Per stage (written to the stage's job folder) and for the whole run (the run's j
     first_reward_mean rollout/reward/mean of the first explorer step
     last_reward_mean  mean of rollout/reward/mean over the last 5 explorer steps
                       (at the top: both from the last stage that explored, e.g. the RL stage after SFT)
+    eval              per eval taskset, its mean reward at the first and at the last evaluation and
+                      their explorer steps: {"<taskset>": {"first": 0.57, "first_step": 0, "last": 0.93,
+                      "last_step": 220}} (every task, `repeat_times` samples each: a steadier start
+                      than the first explore step's batch); {} when nothing was evaluated
     wall_time_s       seconds the stage ran, added up over every `rft run` that continued it (the
                       metrics files, and so the counts below, keep the lines of the runs before);
                       at the top the sum over the stages, so a finished run started again keeps it
@@ -35,6 +39,30 @@ def _explorer_records(job_dir: Path) -> list[dict[str, Any]]:
         recs += [r for r in read_jsonl(path) if r.get("rollout/reward/mean") is not None]
     recs.sort(key=lambda r: int(r.get("step", 0)))  # stable: a step repeated after a resume stays in order
     return recs
+
+
+def eval_summary(job_dir: Path) -> dict[str, dict[str, float]]:
+    """Per eval taskset: the mean reward at its first and last evaluation (`eval/<taskset>/reward/mean@k`
+    in the explorers' metrics), with their steps."""
+    out: dict[str, dict[str, float]] = {}
+    for path in sorted((job_dir / "metrics").glob("explorer*.jsonl")):
+        for r in read_jsonl(path):
+            for key, value in r.items():
+                parts = key.split("/")
+                if (
+                    len(parts) != 4
+                    or parts[0] != "eval"
+                    or parts[2] != "reward"
+                    or not parts[3].startswith("mean@")
+                ):
+                    continue
+                step = int(r.get("step", 0))
+                seen = out.setdefault(parts[1], {"first": float(value), "first_step": step})
+                if step < seen["first_step"]:
+                    seen.update(first=float(value), first_step=step)
+                if step >= seen.get("last_step", -1):
+                    seen.update(last=float(value), last_step=step)
+    return out
 
 
 def last_checkpoint(job_dir: Path) -> tuple[int, Path | None]:
@@ -79,6 +107,7 @@ def stage_summary(job_dir: Path, status: str, wall_time_s: float, train_batch_si
         "first_reward_mean": rewards[0] if rewards else None,
         "last_reward_mean": sum(rewards[-LAST_N:]) / len(rewards[-LAST_N:]) if rewards else None,
         "explore_steps": max([0] + [int(r.get("step", 0)) for r in explore]),
+        "eval": eval_summary(job_dir),
         "wall_time_s": round(wall_time_s, 2),
         "samples_per_s": round(explored / wall_time_s, 3) if wall_time_s > 0 else None,
         "checkpoint": str(hf or ckpt or "") or None,
@@ -112,6 +141,7 @@ def run_summary(stages: Sequence[tuple[str, dict[str, Any]]], status: str) -> di
         "model_version": last.get("model_version", 0),
         "first_reward_mean": explored[-1]["first_reward_mean"] if explored else None,
         "last_reward_mean": explored[-1]["last_reward_mean"] if explored else None,
+        "eval": next((s["eval"] for s in reversed(summaries) if s.get("eval")), {}),
         "wall_time_s": round(wall_time_s, 2),
         "samples_per_s": round(total_rate / wall_time_s, 3) if wall_time_s > 0 else None,
         "checkpoint": next((s["checkpoint"] for s in reversed(summaries) if s.get("checkpoint")), None),

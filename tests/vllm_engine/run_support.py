@@ -157,11 +157,10 @@ def service_pid(config: Path, service: str) -> int | None:
 
 @dataclass
 class Killed:
-    """An explorer SIGKILLed mid-step: its pid, the processes it had started, the step it was in."""
+    """An explorer SIGKILLed mid-step: its pid and the processes it had started."""
 
     pid: int
     children: dict[int, str]  # pid -> command line, as they were at the kill
-    during_step: int
 
 
 def kill_explorer_mid_step(config: Path, job: Path, after_step: int, timeout_s: float) -> Killed:
@@ -177,7 +176,7 @@ def kill_explorer_mid_step(config: Path, job: Path, after_step: int, timeout_s: 
     pid = poll_until(lambda: service_pid(job / "config.yaml", "explorer"), 10, "the explorer's pid")
     children = {p: command(p) for p in descendants(pid)}
     os.kill(pid, signal.SIGKILL)
-    return Killed(pid, children, after_step + 1)
+    return Killed(pid, children)
 
 
 # ---------------------------------------------------------------------- the audit

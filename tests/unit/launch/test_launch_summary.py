@@ -121,3 +121,25 @@ def test_a_finished_run_asked_for_more_steps_is_not_taken_as_finished():
     assert not _finished_before({**done, "status": "interrupted"}, 6)
     assert not _finished_before(None, 6)
     assert _finished_before({"status": "finished", "steps": 0, "explore_steps": 4}, 4)  # explore mode
+
+
+def test_the_summary_keeps_each_eval_tasksets_first_and_last_evaluation(tmp_path):
+    from launcher.summary import stage_summary
+
+    _jsonl(tmp_path / "metrics" / "explorer.jsonl", [
+        {"step": 0, "eval/arithmetic/reward/mean@16": 0.57, "eval/arithmetic/pass@16": 0.9, "time/eval": 1.0},
+        {"step": 1, "rollout/reward/mean": 0.5},
+        {"step": 2, "rollout/reward/mean": 0.7, "eval/arithmetic/reward/std@16": 0.1},
+        {"step": 2, "eval/arithmetic/reward/mean@16": 0.93, "eval/other/reward/mean@4": 0.25},
+    ])  # fmt: skip
+    summary = stage_summary(tmp_path, "finished", 10.0, 8)
+    assert summary["eval"] == {
+        "arithmetic": {"first": 0.57, "first_step": 0, "last": 0.93, "last_step": 2},
+        "other": {"first": 0.25, "first_step": 2, "last": 0.25, "last_step": 2},
+    }
+    assert summary["first_reward_mean"] == 0.5  # explore steps only
+    top = run_summary(
+        [("sft", {**summary, "eval": {}, "first_reward_mean": None}), ("grpo", summary)], "finished"
+    )
+    assert top["eval"] == summary["eval"]
+    assert stage_summary(tmp_path / "none", "finished", 1.0, 8)["eval"] == {}
