@@ -18,19 +18,29 @@ Trainer, per rank (N = trainer.nproc ranks, FSDP2 shards everything N ways; CUDA
                                       LoRA (with LoRA the reference is the policy, adapters off)
     critic       16 B x Pc / N        PPO's value model: weights, gradients and AdamW, fp32, plus
                                       its gathered bf16 copy as above
-    activations  tokens x (L x A + 10 x V)          without gradient checkpointing
-                 tokens x (L x 2h + A + 10 x V)     with it (one layer recomputed at a time)
+    activations  tokens x L x A                     without gradient checkpointing
+                 tokens x (L x 2h + A)              with it: each decoder layer keeps only its bf16
+                                                    input; one layer is recomputed at a time
                  A = 2 B x (12h + 2 kv + 4i): a decoder layer's saved tensors per token (bf16 norms'
                  inputs and outputs with their fp32 upcast, q, k, v, attention output, the SwiGLU
-                 gate, up, product and down input; flash attention keeps no s x s scores);
-                 10 B x V: the kept logits (bf16), their fp32 copy and log-softmax. tokens: the
-                 token budget of a micro-batch (use_dynamic_bsz) or micro_batch_size_per_gpu x
-                 max_model_len (x 2 rows for DPO pairs).
+                 gate, up, product and down input; flash attention keeps no s x s scores).
+                 tokens: the token budget of a micro-batch (use_dynamic_bsz) or
+                 micro_batch_size_per_gpu x max_model_len (x 2 rows for DPO pairs).
+    logits       tokens x 20 B x V                  the LM head's peak (`logits_bytes`): fp32
+                                                    log-softmax backward, derived there
+    weight-sync snapshot  2 B x P                   rank 0, sync_method nccl on CUDA: the whole policy
+                 gathered in bf16 on the GPU (trainer/weight_sync.py, FULL_ON_DEVICE) while it is
+                 broadcast; with sync_offset >= 1 it is held while the next step trains, with 0
+                 it counts only beyond the activations (taken between steps)
+    weight-sync buckets   2 x bucket_bytes          rank 0, nccl on CUDA: the double-buffered bucket
+                                                    buffers, kept for the group's lifetime
     margin       MARGIN_GIB per process: CUDA context, NCCL buffers, allocator fragmentation.
 Rollout engine, per engine (tp = tensor_parallel_size GPUs):
     hf           2 B x P weights (bf16) + KV cache: micro_batch_size x max_model_len x L x 2 x kv
                  x 2 B, + its logits (micro_batch_size x V x 4 B); on one GPU (tp 1)
     vllm         gpu_memory_utilization x capacity on each of its GPUs (vLLM reserves it)
+    weight-sync receive   2 B x P + 2 x bucket_bytes  each engine GPU, nccl on CUDA: the received
+                 bf16 copy being loaded (transient, outside vLLM's reserve) and the bucket buffers
 veRL's offload keys in `trainer.trainer_config`: `actor.fsdp_config.param_offload` puts parameters,
 gradients and the optimizer on the CPU (only the gathered layers stay); `optimizer_offload` brings the
 optimizer state to the device only for the step, when activations are freed (it counts only beyond
@@ -58,6 +68,8 @@ LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 GRADIENT_CHECKPOINTING_KEY = "actor_rollout_ref.model.enable_gradient_checkpointing"
 PARAM_OFFLOAD_KEY = "actor_rollout_ref.actor.fsdp_config.param_offload"
 OPTIMIZER_OFFLOAD_KEY = "actor_rollout_ref.actor.fsdp_config.optimizer_offload"
+# Peak bytes per kept token per vocabulary entry of the LM head and the log-probs (`logits_bytes`).
+LOGITS_BYTES_PER_TOKEN_VOCAB = 20
 REF_PARAM_OFFLOAD_KEY = "actor_rollout_ref.ref.fsdp_config.param_offload"
 # presets (services/trainer/algorithms/presets.py) with no reference model or with no KL loss
 _NO_REFERENCE = ("dapo", "sft")
@@ -209,8 +221,11 @@ def _gathered(shape: ModelShape, ranks: int) -> float:
     return 2.0 * (shape.root_params + 2 * shape.layer_params)
 
 
-def trainer_plan(config: RFTConfig, shape: ModelShape, critic: ModelShape | None = None) -> TrainerPlan:
-    """Bytes per trainer rank by component (see the module docstring for each formula)."""
+def trainer_plan(
+    config: RFTConfig, shape: ModelShape, critic: ModelShape | None = None, rank0: bool = True
+) -> TrainerPlan:
+    """Bytes per trainer rank by component (see the module docstring for each formula); `rank0`:
+    with the weight-sync sender's memory (rank 0 broadcasts)."""
     n = config.trainer.nproc
     extra = _extra(config)
     p = shape.params
@@ -222,13 +237,14 @@ def trainer_plan(config: RFTConfig, shape: ModelShape, critic: ModelShape | None
         per_token = shape.layers * 2 * shape.hidden + a
     else:
         per_token = shape.layers * a
-    activations = float(tokens * (per_token + 10 * shape.vocab))
+    layers = float(tokens * per_token)
+    logits = logits_bytes(config, shape, tokens)
     on_cpu = bool(extra.get(PARAM_OFFLOAD_KEY, False))
     gathered = _gathered(shape, 2 if on_cpu else n)  # offload reshards after forward, as several ranks
     optimizer = 0.0 if on_cpu else 8.0 * trainable / n
     if optimizer and extra.get(OPTIMIZER_OFFLOAD_KEY, False):
         # back on the device for the step only, when the activations and gathered layers are freed
-        optimizer = max(0.0, optimizer - activations - gathered)
+        optimizer = max(0.0, optimizer - layers - logits - gathered)
     reference = uses_reference(config) and lora is None and not extra.get(REF_PARAM_OFFLOAD_KEY, False)
     parts = {
         "parameters (fp32)": 0.0 if on_cpu else 4.0 * (p + (trainable if lora else 0)) / n,
@@ -237,13 +253,61 @@ def trainer_plan(config: RFTConfig, shape: ModelShape, critic: ModelShape | None
         "gathered bf16": gathered,
         "reference (bf16)": 2.0 * p / n if reference else 0.0,
         "critic": 0.0,
-        "activations": activations,
+        "activations": layers,
+        "logits (LM head)": logits,
         "margin": MARGIN_GIB * GIB,
     }
     if uses_critic(config):
         c = critic or shape
         parts["critic"] = 16.0 * c.params / n + _gathered(c, n)
+    if rank0:
+        parts.update(sender_sync_bytes(config, shape, layers + logits))
+    parts["margin"] = parts.pop("margin")  # the last row
     return TrainerPlan({k: v for k, v in parts.items() if v}, tokens)
+
+
+def logits_bytes(config: RFTConfig, shape: ModelShape, tokens: int) -> float:
+    """Peak bytes of the LM head and the log-probs over `tokens` tokens of one micro-batch.
+
+    Per token, in units of V (services/trainer/actor.py `policy_forward`, algorithms/entropy.py;
+    measured with a live-tensor tracker in tests/unit/common/test_memory_plan.py):
+      forward:  2 (bf16 logits, held by the model output) + 4 (their fp32 copy, saved by logsumexp)
+                + 4 + 4 (the no-grad entropy's exp(z - lse) and its product with z)      = 14
+      backward: 4 (the saved fp32 logits) + 4 (gather's gradient) + 4 + 4 + 4 (logsumexp's
+                z - lse, its exp, the product with the incoming gradient)                = 20
+    The backward peak comes first in the backward pass, while every layer's activations are still
+    held, so it adds to them whole. All tokens count: a padded micro-batch computes the head at
+    every position (a packed one only at the response positions; the plan stays an upper bound).
+    """
+    return float(tokens * LOGITS_BYTES_PER_TOKEN_VOCAB * shape.vocab)
+
+
+def broadcasts_from_gpu(config: RFTConfig) -> bool:
+    """The nccl sync method with an NCCL group (trainer/weight_sync.py `broadcasts_on_device`): the
+    trainer gathers the policy on its GPU and the engines receive it on theirs. gloo (set, or on a
+    shared GPU) goes through host memory."""
+    return config.synchronizer.sync_method == "nccl" and resolve(config).weight_sync_backend != "gloo"
+
+
+def sender_sync_bytes(config: RFTConfig, shape: ModelShape, activations: float) -> dict[str, float]:
+    """Trainer rank 0's weight-sync memory (module docstring): the bf16 snapshot of the whole policy,
+    held through the next step when the sync is pipelined (sync_offset >= 1), and the bucket buffers."""
+    if not broadcasts_from_gpu(config):
+        return {}
+    snapshot = 2.0 * shape.params
+    if config.synchronizer.sync_offset < 1:  # gathered and sent between steps, activations freed
+        snapshot = max(0.0, snapshot - activations)
+    return {
+        "weight-sync snapshot (bf16)": snapshot,
+        "weight-sync buckets": 2.0 * config.synchronizer.bucket_bytes,
+    }
+
+
+def receiver_sync_bytes(config: RFTConfig, shape: ModelShape) -> dict[str, float]:
+    """One engine GPU's weight-sync memory: the received bf16 copy being loaded, and the buckets."""
+    if not broadcasts_from_gpu(config):
+        return {}
+    return {"rollout weight-sync receive (bf16)": 2.0 * shape.params + 2.0 * config.synchronizer.bucket_bytes}
 
 
 def hf_engine_bytes(config: RFTConfig, shape: ModelShape) -> dict[str, float]:
@@ -371,7 +435,8 @@ def memory_plan(
         rollout_shape = read_shape(rollout.model_path)[0] or shape
     has_trainer = config.mode in ("both", "train", "serve")
     has_explorer = config.mode != "train"
-    trainer = trainer_plan(config, shape, critic).parts if has_trainer else {}
+    trainer = trainer_plan(config, shape, critic).parts if has_trainer else {}  # rank 0 (the sender)
+    other_ranks = trainer_plan(config, shape, critic, rank0=False).parts if has_trainer else {}
     fraction = resolve(config).rollout_gpu_memory_utilization
     if not plan.placed:  # gpu_per_node 0: what one trainer rank and one engine need, no GPU check
         engine = _engine_gpus(rollout, rollout_shape, config, fraction, cap)[0] if has_explorer else {}
@@ -379,8 +444,8 @@ def memory_plan(
         plan.notes.append("cluster.gpu_per_node is 0: no GPUs placed, nothing is checked against a capacity")
         return plan
     gpus: dict[int, dict[str, float]] = {}
-    for g in placement.trainer[: placement.trainer_ranks]:
-        gpus.setdefault(g, {}).update(trainer)
+    for rank, g in enumerate(placement.trainer[: placement.trainer_ranks]):
+        gpus.setdefault(g, {}).update(other_ranks if rank else trainer)
     tp = rollout.tensor_parallel_size
     for block in placement.explorers:
         for i in range(rollout.engine_num):
@@ -399,9 +464,10 @@ def _engine_gpus(
 ) -> list[dict[str, float]]:
     """One rollout engine's bytes on each of its GPUs (vLLM: its reserve on each of its tp GPUs; hf:
     everything on its first GPU)."""
+    received = receiver_sync_bytes(config, shape)
     if rollout.engine_type == "vllm":
         reserve = (fraction or rollout.gpu_memory_utilization) * cap
-        return [{"rollout (vLLM reserve)": reserve} for _ in range(rollout.tensor_parallel_size)]
+        return [{"rollout (vLLM reserve)": reserve, **received} for _ in range(rollout.tensor_parallel_size)]
     if rollout.engine_type == "hf":
-        return [hf_engine_bytes(config, shape)]
+        return [{**hf_engine_bytes(config, shape), **received}]
     return [{}]

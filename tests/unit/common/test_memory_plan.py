@@ -10,20 +10,25 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 from typer.testing import CliRunner
 
 from launcher.cli import app
 from services.common.config import load_config
 from services.common.config.memory_plan import (
     GIB,
+    LOGITS_BYTES_PER_TOKEN_VOCAB,
     ModelShape,
     hf_engine_bytes,
+    logits_bytes,
     memory_plan,
     read_shape,
     trainer_plan,
     uses_critic,
     uses_reference,
 )
+from services.trainer.algorithms import logprobs_and_entropy
 
 QWEN_05B = {
     "model_type": "qwen2",
@@ -80,18 +85,19 @@ def test_qwen_05b_trainer_and_hf_engine_on_one_shared_gpu(tmp_path):
     trainer = trainer_plan(config, shape)
     # max_model_len 256 + 768 = 1024; dynamic batches of 2 x 1024 tokens (Trinity-RFT's default)
     assert trainer.tokens == 2048
-    # per token: 24 layers x 2 B x (12 x 896 + 2 x 128 + 4 x 4864) + 10 B x 151936 logits
-    per_token = 24 * 2 * (12 * 896 + 2 * 128 + 4 * 4864) + 10 * 151_936
-    assert per_token == 2_981_632
+    # per token: 24 layers x 2 B x (12 x 896 + 2 x 128 + 4 x 4864), and 20 B x 151936 for the logits
+    per_token = 24 * 2 * (12 * 896 + 2 * 128 + 4 * 4864)
+    assert per_token == 1_462_272
     assert trainer.parts == {
         "parameters (fp32)": 4 * P_05B,
         "gradients (fp32)": 4 * P_05B,
         "optimizer (AdamW fp32)": 8 * P_05B,
         "gathered bf16": 2 * P_05B,  # one rank keeps every unsharded bf16 parameter
         "reference (bf16)": 2 * P_05B,  # GRPO's default k2 KL loss reads the reference
-        "activations": 2048 * 2_981_632,
+        "activations": 2048 * 1_462_272,
+        "logits (LM head)": 2048 * 20 * 151_936,
         "margin": MARGIN,
-    }
+    }  # no weight-sync snapshot: on a shared GPU the nccl method goes through a gloo group
     engine = hf_engine_bytes(config, shape)
     # KV: 64 sequences x 1024 tokens x 24 layers x (k, v) x 128 x 2 B; logits 64 x 151936 x 4 B
     assert engine == {
@@ -103,8 +109,9 @@ def test_qwen_05b_trainer_and_hf_engine_on_one_shared_gpu(tmp_path):
     assert plan.shared and list(plan.columns) == ["GPU 0"]
     assert plan.total("GPU 0") == pytest.approx(trainer.total + sum(engine.values()))
     kv = 64 * 1024 * 24 * 2 * 128 * 2 + 64 * 151_936 * 4
-    assert plan.total("GPU 0") == 20 * P_05B + 2048 * 2_981_632 + 2 * P_05B + kv + 2 * MARGIN
-    assert plan.total("GPU 0") / GIB == pytest.approx(20.6, abs=0.05)
+    act = 2048 * (1_462_272 + 20 * 151_936)
+    assert plan.total("GPU 0") == 20 * P_05B + act + 2 * P_05B + kv + 2 * MARGIN
+    assert plan.total("GPU 0") / GIB == pytest.approx(23.5, abs=0.05)
     assert plan.problems() == []
     assert plan.rollout_cap_bytes == 0.3 * 80 * GIB
 
@@ -115,9 +122,9 @@ def test_gradient_checkpointing_keeps_one_layer_and_the_layer_inputs(tmp_path):
         "trainer: {trainer_config: {actor_rollout_ref: {model: {enable_gradient_checkpointing: true}}}}\n",
     )
     a = 2 * (12 * 896 + 2 * 128 + 4 * 4864)
-    assert trainer_plan(config, ModelShape.from_json(QWEN_05B)).parts["activations"] == 2048 * (
-        24 * 2 * 896 + a + 10 * 151_936
-    )
+    parts = trainer_plan(config, ModelShape.from_json(QWEN_05B)).parts
+    assert parts["activations"] == 2048 * (24 * 2 * 896 + a)
+    assert parts["logits (LM head)"] == 2048 * 20 * 151_936  # the head is not checkpointed
 
 
 def test_fixed_micro_batches_use_rows_times_the_length(tmp_path):
@@ -158,7 +165,7 @@ def test_offload_moves_parameters_gradients_and_the_optimizer_off_the_gpu(tmp_pa
     parts = trainer_plan(_config(model, offload % "param_offload"), ModelShape.from_json(QWEN_05B)).parts
     assert "parameters (fp32)" not in parts and "optimizer (AdamW fp32)" not in parts
     assert parts["gathered bf16"] == 2 * (151_936 * 896 + 896 + 2 * 14_912_384)
-    # optimizer state comes back for the step only, when activations (6.1 GB) are freed: 8P = 3.95 GB fits
+    # optimizer state comes back for the step only, when activations (9.2 GB) are freed: 8P = 3.95 GB fits
     opt = trainer_plan(_config(model, offload % "optimizer_offload"), ModelShape.from_json(QWEN_05B)).parts
     assert "optimizer (AdamW fp32)" not in opt and opt["parameters (fp32)"] == 4 * P_05B
 
@@ -189,15 +196,19 @@ def test_the_7b_fits_with_lora_and_checkpointing_or_with_8_ranks(tmp_path):
     t = 80_740_352
     assert parts["parameters (fp32)"] == 4 * (P_7B + t) and parts["optimizer (AdamW fp32)"] == 8 * t
     assert "reference (bf16)" not in parts  # with LoRA the reference is the policy, adapters off
-    assert plan.problems() == [] and plan.total("GPU 0") / GIB == pytest.approx(69.3, abs=0.1)
+    assert plan.problems() == [] and plan.total("GPU 0") / GIB == pytest.approx(72.1, abs=0.1)
     eight = memory_plan(_config(model, "cluster: {node_num: 2, gpu_per_node: 8}\ntrainer: {nproc: 8}\n"))
     assert list(eight.columns) == [f"GPU {g}" for g in range(9)]  # explorer on 0, 8 trainer ranks
     assert eight.problems() == []
     # 16 B x P / 8 (fp32 weights, grads, AdamW), gathered root + 2 layers, bf16 reference / 8, 2048 tokens
     gathered = 2 * (2 * 152_064 * 3_584 + 3_584 + 2 * 233_057_792)
-    act = 2048 * (28 * 2 * (12 * 3584 + 2 * 512 + 4 * 18944) + 10 * 152_064)
-    assert eight.total("GPU 1") == 2 * P_7B + gathered + P_7B / 4 + act + MARGIN
-    assert eight.total("GPU 1") / GIB == pytest.approx(36.6, abs=0.05)
+    act = 2048 * (28 * 2 * (12 * 3584 + 2 * 512 + 4 * 18944) + 20 * 152_064)
+    assert eight.total("GPU 2") == 2 * P_7B + gathered + P_7B / 4 + act + MARGIN
+    assert eight.total("GPU 2") / GIB == pytest.approx(39.5, abs=0.05)
+    # rank 0 (GPU 1) sends the weights: sync_offset 0 gathers the bf16 snapshot between steps, when
+    # the activations (18.6 GiB > 2 B x P = 14.2 GiB) are freed, so only the bucket buffers add
+    assert act > 2 * P_7B and "weight-sync snapshot (bf16)" not in eight.columns["GPU 1"]
+    assert eight.total("GPU 1") == eight.total("GPU 2") + 2 * 64 * 2**20
 
 
 def test_no_local_model_folder_gives_a_note_and_no_refusal(tmp_path):
@@ -215,7 +226,13 @@ def test_vllm_reserves_its_share_of_each_of_its_gpus(tmp_path):
         "gpu_memory_utilization: 0.5}}\n",
     )
     plan = memory_plan(config, capacity_gib=140)
-    assert plan.columns["GPU 0"] == plan.columns["GPU 1"] == {"rollout (vLLM reserve)": 0.5 * 140 * GIB}
+    # each tensor-parallel worker receives every tensor in full over the nccl group, outside vLLM's reserve
+    received = 2 * P_05B + 2 * 64 * 2**20
+    assert (
+        plan.columns["GPU 0"]
+        == plan.columns["GPU 1"]
+        == {"rollout (vLLM reserve)": 0.5 * 140 * GIB, "rollout weight-sync receive (bf16)": received}
+    )
     assert "parameters (fp32)" in plan.columns["GPU 2"]
     assert plan.table().splitlines()[-1].split()[-1] == "140.0"  # capacity row
 
@@ -244,3 +261,106 @@ def test_config_show_prints_the_plan_and_config_check_refuses_a_7b_on_one_gpu(tm
     )
     assert "LoRA (model.lora_configs)" in checked.output
     assert "# does not fit: GPU 0" in runner.invoke(app, ["config", "show", str(big)]).output
+
+
+QWEN_15B = {
+    "model_type": "qwen2",
+    "hidden_size": 1536,
+    "intermediate_size": 8960,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 2,
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+}
+# per layer q 1536^2+1536, k and v 1536*256+256 each, o 1536^2, MLP 3*1536*8960, norms 2*1536; tied head
+P_15B = 28 * (2_360_832 + 2 * 393_472 + 2_359_296 + 41_287_680 + 3_072) + 151_936 * 1_536 + 1_536
+
+
+class LiveBytes(TorchDispatchMode):
+    """Bytes of the tensor storages created under it that are still referenced, and their peak: each
+    storage is counted from the op that makes it until nothing but this tracker holds it."""
+
+    def __init__(self, *existing: torch.Tensor) -> None:
+        super().__init__()
+        self.held: dict[int, torch.UntypedStorage] = {}
+        self.existing = {t.untyped_storage().data_ptr() for t in existing}  # not counted
+        self.live = self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        for ptr, storage in list(self.held.items()):
+            if torch._C._storage_Use_Count(storage._cdata) == 1:
+                self.live -= storage.nbytes()
+                del self.held[ptr]
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, tuple | list) else [out]:
+            storage = t.untyped_storage() if isinstance(t, torch.Tensor) else None
+            if storage is not None and storage.data_ptr() not in (*self.held, *self.existing):
+                self.held[storage.data_ptr()] = storage
+                self.live += storage.nbytes()
+        self.peak = max(self.peak, self.live)
+        return out
+
+
+def test_the_logits_term_is_the_measured_peak_of_the_trainers_log_prob_path():
+    """The trainer's head and log-probs (actor.policy_forward: bf16 logits, their fp32 copy, the
+    shared-logsumexp log-probs and no-grad entropy), forward and backward, peak at 20 B x V per token."""
+    tokens, hidden, vocab = 64, 32, 8192
+    head = torch.randn(vocab, hidden, dtype=torch.bfloat16, requires_grad=True)
+    states = torch.randn(tokens, hidden, dtype=torch.bfloat16, requires_grad=True)
+    labels = torch.randint(0, vocab, (tokens,))
+    with LiveBytes(head, states) as tracker:
+
+        def forward() -> torch.Tensor:
+            logits = states @ head.t()  # the model's output, held until policy_forward returns
+            log_probs, _ = logprobs_and_entropy(logits.float(), labels)
+            return log_probs
+
+        loss = -forward().mean()
+        forward_peak = tracker.peak
+        loss.backward()
+    # forward: bf16 logits 2 + fp32 copy 4 + the no-grad entropy's exp 4 and product 4; backward
+    # (logsumexp's, before the head's weight gradient exists): saved fp32 logits 4 + gather's
+    # gradient 4 + z - lse 4, its exp 4, the product 4
+    assert forward_peak / (tokens * vocab) == pytest.approx(14, abs=0.1)
+    assert tracker.peak / (tokens * vocab) == pytest.approx(LOGITS_BYTES_PER_TOKEN_VOCAB, abs=0.1)
+    config = _config(Path("unused"))
+    assert logits_bytes(config, ModelShape.from_json(QWEN_05B), 100) == 100 * 20 * 151_936
+
+
+def _sync_plan(tmp_path: Path, synchronizer: str, cluster: str = "{gpu_per_node: 3}", nproc: int = 2):
+    model = tmp_path / "q15"
+    if not model.exists():
+        _model(tmp_path, "q15", QWEN_15B)
+    text = RUN.format(path=model)
+    text += f"cluster: {cluster}\ntrainer: {{nproc: {nproc}}}\nsynchronizer: {synchronizer}\n"
+    text += "explorer: {rollout_model: {engine_type: vllm}}\n"
+    return memory_plan(load_config(text=text, environ={}))
+
+
+def test_nccl_weight_sync_holds_a_bf16_snapshot_on_rank_0_and_a_received_copy_on_the_engine(tmp_path):
+    assert ModelShape.from_json(QWEN_15B).params == P_15B == 1_543_714_304  # Qwen2.5-1.5B
+    plan = _sync_plan(tmp_path, "{sync_method: nccl, sync_offset: 1}")
+    buckets = 2 * 64 * 2**20  # two of synchronizer.bucket_bytes
+    # GPU 0: the vLLM engine; GPU 1: trainer rank 0 (the sender); GPU 2: rank 1
+    assert plan.columns["GPU 1"]["weight-sync snapshot (bf16)"] == 2 * P_15B  # held through the next step
+    assert plan.columns["GPU 1"]["weight-sync buckets"] == buckets
+    assert not any(k.startswith("weight-sync") for k in plan.columns["GPU 2"])
+    assert plan.columns["GPU 0"]["rollout weight-sync receive (bf16)"] == 2 * P_15B + buckets
+    assert plan.total("GPU 1") == plan.total("GPU 2") + 2 * P_15B + buckets
+    assert "weight-sync snapshot (bf16)" in plan.table()
+
+    # sync_offset 0: gathered between steps, so it counts only beyond the activations it replaces
+    small = _sync_plan(tmp_path, "{sync_offset: 0}", nproc=2)
+    trainer = small.columns["GPU 1"]
+    freed = trainer["activations"] + trainer["logits (LM head)"]
+    assert trainer.get("weight-sync snapshot (bf16)", 0.0) == max(0.0, 2 * P_15B - freed)
+
+    # the memory and checkpoint methods, a gloo group and a shared GPU go through host memory
+    host = ("{sync_method: memory, sync_offset: 1}", "{sync_method: checkpoint, sync_offset: 1}")
+    for synchronizer in (*host, "{sync_offset: 1, group_backend: gloo}"):
+        other = _sync_plan(tmp_path, synchronizer)
+        assert not any("weight-sync" in k for parts in other.columns.values() for k in parts), synchronizer
+    shared = _sync_plan(tmp_path, "{sync_offset: 1}", cluster="{gpu_per_node: 1}", nproc=1)
+    assert not any("weight-sync" in k for k in shared.columns["GPU 0"])
+
