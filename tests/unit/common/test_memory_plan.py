@@ -364,3 +364,36 @@ def test_nccl_weight_sync_holds_a_bf16_snapshot_on_rank_0_and_a_received_copy_on
     shared = _sync_plan(tmp_path, "{sync_offset: 1}", cluster="{gpu_per_node: 1}", nproc=1)
     assert not any("weight-sync" in k for k in shared.columns["GPU 0"])
 
+
+def test_the_activation_terms_are_what_a_real_decoder_keeps_with_and_without_checkpointing():
+    """A real Qwen2 (transformers) in bf16, checkpointed by the trainer's own switch
+    (worker.enable_gradient_checkpointing): the bytes a forward pass leaves held, per token, grow by
+    2h per decoder layer with checkpointing (each layer's input) and by at most A without."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from services.trainer.worker import enable_gradient_checkpointing
+
+    h, i, tokens = 128, 512, 128
+    shape = ModelShape.from_json(
+        {"hidden_size": h, "intermediate_size": i, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "vocab_size": 256}
+    )  # fmt: skip
+
+    def held(layers: int, checkpointing: bool) -> float:
+        torch.manual_seed(0)
+        config = Qwen2Config(
+            hidden_size=h, intermediate_size=i, num_hidden_layers=layers, num_attention_heads=4,
+            num_key_value_heads=2, vocab_size=256,
+        )  # fmt: skip
+        model = Qwen2ForCausalLM(config).to(torch.bfloat16).train()
+        if checkpointing:
+            enable_gradient_checkpointing(model)
+        with LiveBytes(*model.parameters()) as tracker:
+            model(input_ids=torch.randint(0, 256, (1, tokens)), logits_to_keep=1, use_cache=False)
+            return tracker.live / tokens
+
+    per_layer_checkpointed = (held(4, True) - held(2, True)) / 2
+    per_layer = (held(4, False) - held(2, False)) / 2
+    assert per_layer_checkpointed == pytest.approx(2 * h, rel=0.05)  # exactly 2h with transformers 5
+    a = shape.activation_bytes_per_token_layer
+    assert a == 2 * (12 * h + 2 * 64 + 4 * i) and 0.9 * a < per_layer <= a
