@@ -66,9 +66,10 @@ def config_check(
 ) -> None:
     """Validate FILE; exit 2 with the bad path, value and a suggestion when it is wrong. The model
     folders and data files must exist, relative to the current directory, as `rft run` checks, and
-    the memory plan must fit the GPUs (cluster.gpu_memory_gib each)."""
+    the memory plan must fit the GPUs (cluster.gpu_memory_gib each); it prints the plan's total per
+    GPU (`rft config show` prints every term)."""
     from launcher.plan import plan_stages
-    from launcher.preflight import memory_problems, path_problems
+    from launcher.preflight import memory_problems, memory_summary, path_problems
 
     config = _load(file, set_)
     r = resolve(config)
@@ -94,6 +95,8 @@ def config_check(
         f"batch_size={config.buffer.batch_size}, train_batch_size={r.train_batch_size}, "
         f"sync={config.synchronizer.sync_method}/{config.synchronizer.sync_style})"
     )
+    for line in memory_summary(stages):
+        typer.echo(f"{file}: {line}")
 
 
 @config_app.command("show")

@@ -6,7 +6,8 @@ exist, and TLS on names the CA the services verify each other with.
 Relative paths are resolved against the current directory, as the services `rft run` starts (they
 run in it) resolve them; `rft config check` runs the same path checks (`path_problems`) and the same
 memory check (`memory_problems`: every placed GPU holds what the memory plan puts on it; `rft run`
-plans with the size nvidia-smi reports, `rft config check` with `cluster.gpu_memory_gib`)."""
+plans with the size nvidia-smi reports, `rft config check` with `cluster.gpu_memory_gib`, and prints
+each GPU's planned total with `memory_summary`)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from services.common.config import RFTConfig
 from services.common.config.gpus import gpu_demand, place_gpus
-from services.common.config.memory_plan import memory_plan
+from services.common.config.memory_plan import GIB, memory_plan
 
 MONITOR_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
 
@@ -127,20 +128,43 @@ def path_problems(stages: list[RFTConfig]) -> list[str]:
     return sorted(set(problems), key=problems.index)
 
 
-def memory_problems(
-    stages: list[RFTConfig], capacity_gib: float | None = None, explorers: int = 1
-) -> list[str]:
-    """Every placed GPU of every stage whose planned bytes exceed its memory (memory_plan.py), with
-    the numbers and the fixes. Nothing for `gpu_per_node: 0` or a model with no local config.json."""
-    problems = []
+def _plans(stages: list[RFTConfig], capacity_gib: float | None, explorers: int):
+    """(label, memory plan) of every stage, on the placement `rft run` makes."""
     for n, config in enumerate(stages):
         label = f"stage {n}: " if len(stages) > 1 else ""
         c = config.cluster
         placement = place_gpus(
             c.node_num * c.gpu_per_node, gpu_demand(config), mode=config.mode, explorers=explorers
         )
-        problems += [label + p for p in memory_plan(config, capacity_gib, placement).problems()]
+        yield label, memory_plan(config, capacity_gib, placement)
+
+
+def memory_problems(
+    stages: list[RFTConfig], capacity_gib: float | None = None, explorers: int = 1
+) -> list[str]:
+    """Every placed GPU of every stage whose planned bytes exceed its memory (memory_plan.py), with
+    the numbers and the fixes. Nothing for `gpu_per_node: 0` or a model with no local config.json."""
+    problems = [label + p for label, plan in _plans(stages, capacity_gib, explorers) for p in plan.problems()]
     return sorted(set(problems), key=problems.index)
+
+
+def memory_summary(
+    stages: list[RFTConfig], capacity_gib: float | None = None, explorers: int = 1
+) -> list[str]:
+    """One line per stage: the plan's total on each placed GPU against the GPU's memory, or why there
+    is no plan (no local config.json, no GPUs placed)."""
+    lines = []
+    for label, plan in _plans(stages, capacity_gib, explorers):
+        if not plan.columns or not plan.placed:
+            lines.append(f"{label}memory plan: " + "; ".join(plan.notes or ["nothing placed"]))
+            continue
+        totals = ", ".join(f"{gpu} {plan.total(gpu) / GIB:.1f}" for gpu in plan.columns)
+        verdict = "does not fit" if plan.problems() else "fits"
+        lines.append(
+            f"{label}memory plan: {totals} GiB of {plan.capacity_bytes / GIB:.1f} GiB per GPU "
+            f"({plan.capacity_from}): {verdict}"
+        )
+    return lines
 
 
 def preflight(stages: list[RFTConfig]) -> None:

@@ -1,8 +1,10 @@
 """The memory plan's formulas pinned against hand-computed numbers, on config.json files shaped as
-Qwen2.5-0.5B and Qwen2.5-7B (written here; no weights, no download, no GPU): parameter counts, each
+Qwen2.5-0.5B, 1.5B and 7B (written here; no weights, no download, no GPU): parameter counts, each
 trainer and rollout component, a 7B full fine-tune refused on one 80 GiB GPU and accepted with LoRA
 (and gradient checkpointing) or with 8 trainer ranks; `rft config show` prints the plan and `rft config
-check` refuses the misfit with exit code 2, naming the numbers and the fixes."""
+check` refuses the misfit with exit code 2, naming the numbers and the fixes. The logits and activation
+terms are checked against the bytes the real code keeps (a live-tensor tracker on CPU), the nccl
+weight-sync terms by method, and examples/gsm8k_grpo.yaml must fit 80 GiB GPUs with headroom."""
 
 from __future__ import annotations
 
@@ -55,6 +57,7 @@ P_05B = 24 * (803_712 + 2 * 114_816 + 802_816 + 13_074_432 + 1_792) + 151_936 * 
 # per layer q 3584^2+3584, k and v 3584*512+512 each, o 3584^2, MLP 3*3584*18944, norms 2*3584; untied head
 P_7B = 28 * (12_848_640 + 2 * 1_835_520 + 12_845_056 + 203_685_888 + 7_168) + 2 * 152_064 * 3_584 + 3_584
 MARGIN = 2 * GIB
+ROOT = Path(__file__).resolve().parents[3]
 RUN = "algorithm: {{algorithm_type: grpo}}\nmodel: {{model_path: {path}, max_prompt_tokens: 256, max_response_tokens: 768}}\n"
 
 
@@ -397,3 +400,41 @@ def test_the_activation_terms_are_what_a_real_decoder_keeps_with_and_without_che
     assert per_layer_checkpointed == pytest.approx(2 * h, rel=0.05)  # exactly 2h with transformers 5
     a = shape.activation_bytes_per_token_layer
     assert a == 2 * (12 * h + 2 * 64 + 4 * i) and 0.9 * a < per_layer <= a
+
+
+def _gsm8k_recipe(tmp_path: Path) -> Path:
+    models = tmp_path / "models"
+    models.mkdir()
+    _model(models, "Qwen2.5-1.5B-Instruct", QWEN_15B)
+    return models
+
+
+def test_the_gsm8k_recipe_fits_80_gib_gpus_with_headroom(tmp_path, monkeypatch):
+    """examples/gsm8k_grpo.yaml (Qwen2.5-1.5B, vLLM on GPU 0, the trainer on GPU 1, nccl sync with
+    sync_offset 1) on 80 GiB GPUs: gradient checkpointing and a 12288-token micro-batch budget."""
+    models = _gsm8k_recipe(tmp_path)
+    monkeypatch.setenv("RFT_MODELS", str(models))  # the recipe's ${oc.env:RFT_MODELS}
+    config = load_config(ROOT / "examples" / "gsm8k_grpo.yaml", environ={})
+    assert config.cluster.gpu_memory_gib == 80.0 and config.synchronizer.sync_offset == 1
+    plan = memory_plan(config)
+    assert plan.problems() == [] and plan.notes == []
+    trainer = plan.columns["GPU 1"]
+    assert trainer_plan(config, ModelShape.from_json(QWEN_15B)).tokens == 12288
+    # checkpointed: each of the 28 layers keeps its bf16 input, one layer is recomputed at a time
+    a = 2 * (12 * 1536 + 2 * 256 + 4 * 8960)
+    assert trainer["activations"] == 12288 * (28 * 2 * 1536 + a)
+    assert trainer["logits (LM head)"] == 12288 * 20 * 151_936
+    assert trainer["weight-sync snapshot (bf16)"] == 2 * P_15B
+    assert plan.total("GPU 1") / GIB == pytest.approx(70.8, abs=0.05)
+    assert plan.total("GPU 0") / GIB == pytest.approx(71.0, abs=0.05)  # 0.85 x 80 + the received copy
+    for gpu in plan.columns:  # headroom: at least 10% of the GPU left to what the plan leaves out
+        assert plan.total(gpu) < 0.9 * 80 * GIB, gpu
+
+    checked = runner.invoke(
+        app, ["config", "check", "--skip-paths", str(ROOT / "examples" / "gsm8k_grpo.yaml")],
+        env={"RFT_MODELS": str(models)},
+    )  # fmt: skip
+    assert checked.exit_code == 0, checked.output
+    assert "memory plan: GPU 0 71.0, GPU 1 70.8 GiB of 80.0 GiB per GPU (cluster.gpu_memory_gib): fits" in (
+        checked.output
+    )
