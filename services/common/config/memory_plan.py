@@ -281,6 +281,7 @@ def logits_bytes(config: RFTConfig, shape: ModelShape, tokens: int) -> float:
     The backward peak comes first in the backward pass, while every layer's activations are still
     held, so it adds to them whole. All tokens count: a padded micro-batch computes the head at
     every position (a packed one only at the response positions; the plan stays an upper bound).
+    `config` is for the trainer knobs that change how much of the head is live at once.
     """
     return float(tokens * LOGITS_BYTES_PER_TOKEN_VOCAB * shape.vocab)
 
