@@ -73,8 +73,22 @@ if [ "${1:-}" = "--dry-run" ]; then
   offline_install() {
     local target py312
     target=$(mktemp -d)
-    py312=${RFT_PY312:-$(command -v python3.12 2>/dev/null || ls /root/.pyenv/versions/3.12*/bin/python3.12 2>/dev/null | head -n 1)}
-    if [ -n "$py312" ] && "$py312" -m pip --version >/dev/null 2>&1; then
+    py312=${RFT_PY312:-}
+    if [ -z "$py312" ]; then  # the first python 3.12 that runs (a pyenv shim may name one it will not run)
+      for candidate in $(command -v python3.12 2>/dev/null) $(ls "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python3.12 2>/dev/null); do
+        if "$candidate" -c '' >/dev/null 2>&1; then py312=$candidate; break; fi
+      done
+    fi
+    if [ -n "$py312" ] && command -v uv >/dev/null 2>&1; then
+      # uv installs the cp312 wheels for the machine's platform, then python 3.12 imports them
+      uv pip install --quiet --no-index --no-deps --find-links "$WHEELS" --target "$target" \
+        --python-version 3.12 --python-platform x86_64-manylinux_2_28 -r "$WHEELS/requirements.txt" \
+        || { rm -rf "$target"; return 1; }
+      # typing_extensions is the image's (torch requires it), pure Python: this venv's stands in for it
+      cp "$("$CHECK_PY" -c 'import typing_extensions; print(typing_extensions.__file__)')" "$target/"
+      PYTHONPATH=$target "$py312" -c "import grpc, google.protobuf, pydantic, pytest, hypothesis, zstandard, msgspec, xxhash, dill, multiprocess; print('  python 3.12 imports the wheels installed offline (uv), compiled modules included')" \
+        || { rm -rf "$target"; return 1; }
+    elif [ -n "$py312" ] && "$py312" -m pip --version >/dev/null 2>&1; then
       # a real install by a python 3.12, as on the machine, then its carried modules import
       "$py312" -m pip --isolated install --quiet --no-index --no-deps --target "$target" --find-links "$WHEELS" \
         -r "$WHEELS/requirements.txt" || { rm -rf "$target"; return 1; }
