@@ -1,7 +1,7 @@
 """End to end: the same GRPO job run by RFT Mesh (`rft run`) and by TRL's `GRPOTrainer`, side by side.
 
     python bench/e2e_vs_trl.py [--quick] [--size tiny|small] [--steps N] [--reps R] [--trl-python PATH]
-                               [--vllm-python PATH | --no-vllm] [--vllm-explorers N]
+                               [--vllm-python PATH | --no-vllm] [--vllm-explorers N] [--gpu]
 
 The job: the tiny Qwen2 of `rft make-tiny-model` (`--size small`: its ~10M-parameter one) warmed up
 on the right answers (`rft_runs.warm_model`; both sides start from that same folder), the a+b prompts
@@ -27,6 +27,9 @@ compiled from the product's source), 8 prompts per step x 8 samples (`repeat_tim
 - TRL: `GRPOTrainer` in one process (no vLLM; defaults otherwise: loss "dapo", one iteration), with
   one torch thread (`--trl-threads`), as `rft run` gives each of its processes (OMP_NUM_THREADS=1 on a
   2-core machine); with 2 threads TRL was 2-25x slower here whenever other work shared the cores.
+- `--gpu`: both sides on the first GPU: `rft run` with the one-GPU placement of
+  `examples/quickstart_one_gpu.yaml` (`cluster.gpu_per_node: 1`, trainer and one hf explorer share
+  cuda:0), TRL's `GRPOTrainer` on cuda with bf16 (`trl_grpo_worker.py --device cuda`); no vLLM run.
 Runs alternate (ours, TRL, ours on vLLM, then the reverse order, ...), `--reps` each; figures are medians
 over repetitions.
 Completions/s and trained tokens/s (prompt + completion) count steps after `--warmup` (start-up, model
@@ -80,14 +83,16 @@ def ensure_trl(python: Path) -> Path:
     return python
 
 
-def run_trl(python: Path, model: Path, steps: int, work: Path, threads: int, seed: int) -> dict:
+def run_trl(
+    python: Path, model: Path, steps: int, work: Path, threads: int, seed: int, device: str = "cpu"
+) -> dict:
     out = work / "trl.json"
     t0 = time.perf_counter()
     subprocess.run(
         [str(python), str(ROOT / "bench" / "trl_grpo_worker.py"), "--model", str(model), "--data", str(DATA),
          "--steps", str(steps), "--out", str(out), "--lr", str(LR), "--temperature", str(TEMPERATURE),
          "--group", str(GROUP), "--prompts", str(PROMPTS), "--max-tokens", str(MAX_TOKENS),
-         "--threads", str(threads), "--seed", str(seed)],
+         "--threads", str(threads), "--seed", str(seed), "--device", device],
         cwd=ROOT, check=True, capture_output=True, text=True,
     )  # fmt: skip
     result = json.loads(out.read_text())
@@ -132,10 +137,14 @@ def main() -> None:
     ap.add_argument("--vllm-python", type=Path, default=ROOT / ".venv-vllm" / "bin" / "python",
                     help="the vLLM environment's interpreter, for the run on the vllm engine")  # fmt: skip
     ap.add_argument("--no-vllm", action="store_true", help="leave the run on the vllm engine out")
+    ap.add_argument("--gpu", action="store_true",
+                    help="both sides on cuda:0 (one-GPU placement; TRL in bf16); implies --no-vllm")  # fmt: skip
     ap.add_argument("--vllm-explorers", type=int, default=1,
                     help="explorer processes of the vllm run, each with an engine (module docstring)")  # fmt: skip
     args = ap.parse_args()
     python = ensure_trl(args.trl_python)
+    if args.gpu:
+        args.no_vllm, args.explorers = True, 1  # one hf engine shares the GPU with the trainer
     vllm = not args.no_vllm and args.vllm_python.exists()
     if not args.no_vllm and not vllm:
         print(
@@ -160,18 +169,21 @@ def main() -> None:
                                       steps=steps, sync_offset=0, max_tokens=MAX_TOKENS, lr=LR,
                                       temperature=TEMPERATURE, repeat_times=GROUP, batch_size=PROMPTS,
                                       seed=rep, split_batch=n > 1)  # fmt: skip
-                    if side == "vllm":
+                    if side == "vllm" or args.gpu:
                         tree = yaml.safe_load(cfg.read_text())
-                        tree["explorer"]["rollout_model"]["engine_type"] = "vllm"
+                        if side == "vllm":
+                            tree["explorer"]["rollout_model"]["engine_type"] = "vllm"
+                        if args.gpu:  # examples/quickstart_one_gpu.yaml's placement
+                            tree.setdefault("cluster", {}).update(node_num=1, gpu_per_node=1)
                         cfg.write_text(yaml.safe_dump(tree, sort_keys=False))
                     rows = ours if side == "rft" else on_vllm
                     interpreter = str(args.vllm_python) if side == "vllm" else None
                     rows.append(rft_figures(cfg, work / "ck" / "bench" / name, warmup, n, python=interpreter))
                     fig = rows[-1]
                 else:
-                    base.append(
-                        trl_figures(run_trl(python, model, steps, work, args.trl_threads, rep), warmup)
-                    )
+                    device = "cuda" if args.gpu else "cpu"
+                    trl = run_trl(python, model, steps, work, args.trl_threads, rep, device)
+                    base.append(trl_figures(trl, warmup))
                     fig = base[-1]
                 print(f"rep {rep} {side:4s} {fig['completions_per_s']:8.1f} completions/s "
                       f"{fig['tokens_per_s']:8.0f} tokens/s {fig['s_per_step']:6.3f} s/step "
@@ -215,7 +227,8 @@ def main() -> None:
         "trl_s_per_step": round(b["s_per_step"], 4), "trl_reward": round(b["reward"], 4),
         "tokens_ratio": round(o["tokens_per_s"] / b["tokens_per_s"], 3),
         "reward_delta": round(o["reward"] - b["reward"], 4),
-        "trl_threads": args.trl_threads, "explorers": args.explorers, **extra,
+        "trl_threads": args.trl_threads, "explorers": args.explorers, "device": "cuda" if args.gpu else "cpu",
+        **extra,
         "ratio": round(ratio, 3), "target": TARGET,
     }))  # fmt: skip
 

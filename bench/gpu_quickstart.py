@@ -1,10 +1,13 @@
 """The quickstart on one GPU: `rft run` of examples/quickstart.yaml with the trainer and the explorer on GPU 0.
 
     python bench/gpu_quickstart.py [--config examples/quickstart_one_gpu.yaml] [--seed 1] [--grpo-steps N]
+                                   [--set KEY=VALUE ...]
 
 The run is `bench/quickstart_seeds.py`'s (the shipped quickstart, data order `--seed`), given the one-GPU
 example's placement (`cluster.gpu_per_node: 1`: both processes share cuda:0, weights over the same-device
-path). While it runs, the GPU's used memory is sampled with `nvidia-smi` every 0.2 s (all processes
+path); `--set` changes it further (e.g. `--set synchronizer.sync_style=fully_async --set
+explorer.inflight_weight_update=true`: the run of scripts/gpu_probe.sh, whose figures then count the
+weight versions that landed mid-generation). While it runs, the GPU's used memory is sampled with `nvidia-smi` every 0.2 s (all processes
 together: trainer + explorer). Printed: the GRPO stage's reward curve (every 20th explore step), its
 first and last reward (the baseline is the SFT model: the GRPO stage's first explore step, measured in the
 same run), rollout tokens/s (response tokens the explorer generated per second of its explore steps), the
@@ -101,7 +104,13 @@ def stage_figures(job_dir: Path) -> dict[str, object]:
     curve = {int(r["step"]): round(float(r["rollout/reward/mean"]), 3) for r in explore}
     rates = [float(r["perf/throughput"]) for r in trainer if r.get("perf/throughput")]
     rollout = [float(r["rollout/tokens_per_s"]) for r in explore if r.get("rollout/tokens_per_s")]
+    inflight = [float(r["rollout/inflight_updates"]) for r in explore if "rollout/inflight_updates" in r]
+    mixed = [
+        float(r["rollout/inflight_mixed_fraction"]) for r in explore if "rollout/inflight_mixed_fraction" in r
+    ]
     return {
+        "inflight_updates": sum(inflight) if inflight else None,
+        "inflight_mixed_fraction_max": max(mixed) if mixed else None,
         "reward_curve": curve,
         "trainer_tokens_per_s": round(statistics.median(rates), 1) if rates else None,
         "rollout_tokens_per_s": round(statistics.median(rollout), 1) if rollout else None,
@@ -113,8 +122,12 @@ def main() -> None:
     ap.add_argument("--config", type=Path, default=ROOT / "examples" / "quickstart_one_gpu.yaml")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--grpo-steps", type=int, default=None)
+    ap.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="after the one-GPU placement, e.g. --set synchronizer.sync_style=fully_async (repeatable)",
+    )  # fmt: skip
     args = ap.parse_args()
-    sets = overrides_of(args.config)
+    sets = overrides_of(args.config) + args.overrides
     print("one-GPU overrides of the quickstart:", " ".join(sets), flush=True)
     with tempfile.TemporaryDirectory(prefix="gpu-quickstart-") as tmp, GpuMemorySampler() as mem:
         run = run_seed(args.seed, Path(tmp), args.grpo_steps, sets, stream=True)
@@ -135,6 +148,8 @@ def main() -> None:
         "reward_curve": {str(k): v for k, v in shown.items()},
         "rollout_tokens_per_s": figures["rollout_tokens_per_s"],
         "trainer_tokens_per_s": figures["trainer_tokens_per_s"], "gpu_memory_peak_mib": mem.peak_mib,
+        "inflight_updates": figures["inflight_updates"],
+        "inflight_mixed_fraction_max": figures["inflight_mixed_fraction_max"],
         "baseline": "the SFT model (the GRPO stage's first explore step)",
         "ratio": round(run["last"] / GOAL_REWARD, 3), "target": 1.0,
     }))  # fmt: skip

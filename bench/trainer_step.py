@@ -30,6 +30,9 @@ tokens/s counts real (non-padding) tokens.  Options:
   token for training).  The peak is `--peak-tflops`, or on CUDA detected from the device name (H100 and
   H200: 989 TFLOP/s dense bf16).  With an MFU the headline "ratio" is MFU / 0.35 (a 35% MFU target) and
   the ours/bare ratio moves to "ratio_vs_bare"; without one "ratio" is ours/bare (target 0.9).
+- On CUDA the JSON also has the memory check: `torch.cuda.max_memory_allocated` after our warm-up step
+  (the baseline's model is built after it) against the memory plan of one trainer rank
+  (`memory_plan_gib`, `memory_peak_vs_plan`; services/common/config/memory_plan.py).
 The last line is one JSON object.
 """
 
@@ -146,6 +149,29 @@ class Bare:
         self.opt.step()
 
 
+def memory_figures(config, model_dir: Path, device: torch.device) -> dict[str, object]:
+    """On CUDA: `torch.cuda.max_memory_allocated` after our warm-up step (before the baseline's model
+    exists) next to the memory plan of one trainer rank (services/common/config/memory_plan.py, its
+    margin included), in GiB; {} elsewhere."""
+    if device.type != "cuda":
+        return {}
+    from services.common.config.memory_plan import read_shape, trainer_plan
+
+    peak = torch.cuda.max_memory_allocated(device) / 2**30
+    shape, why = read_shape(str(model_dir))
+    if shape is None:
+        return {"max_memory_allocated_gib": round(peak, 2), "memory_plan": why}
+    plan = trainer_plan(config, shape)
+    planned = sum(plan.parts.values()) / 2**30
+    return {
+        "max_memory_allocated_gib": round(peak, 2),
+        "memory_plan_gib": round(planned, 2),
+        "memory_plan_parts_gib": {k: round(v / 2**30, 2) for k, v in plan.parts.items()},
+        "memory_plan_tokens": plan.tokens,
+        "memory_peak_vs_plan": round(peak / planned, 3),
+    }
+
+
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -228,7 +254,6 @@ def main() -> int:
         )
         settings = TrainerSettings.from_config(config)
         ours = FSDPEngine(settings, info)
-        bare = Bare(model_dir, info.device, settings.actor_optim.lr, micro)
         exps = make_batch(n, prompt, response, vocab=500)
         step = collate(exps)
         tokens = step.num_tokens
@@ -236,7 +261,9 @@ def main() -> int:
         same_micro = [list(range(i, min(i + micro, n))) for i in range(0, n, micro)]
         assert local_micro_batches(step, info, ours.worker.actor.batching) == same_micro
         assert settings.ppo_epochs == 1 and settings.mini_batch_size == n
-        ours.train_step(step)  # warm-up both
+        ours.train_step(step)  # warm-up ours, its memory peak measured before the baseline exists
+        memory = memory_figures(config, model_dir, info.device)
+        bare = Bare(model_dir, info.device, settings.actor_optim.lr, micro)
         bare.step(exps)
         times: dict[str, list[float]] = {"ours": [], "bare": []}
         for _ in range(reps):
@@ -283,6 +310,7 @@ def main() -> int:
         )
     if info.device.type == "cuda":
         result["device_name"] = torch.cuda.get_device_name(info.device)
+    result.update(memory)
     print(f"{'':8} {'step s (median)':>16} {'tokens/s':>12}")
     for k in ("ours", "bare"):
         print(f"{k:8} {med[k]:>16.4f} {tps[k]:>12.1f}")
@@ -291,6 +319,9 @@ def main() -> int:
     if peak is not None:
         print(f"MFU ours {result['mfu']:.4f}  bare {result['mfu_bare']:.4f}  (peak {peak:g} TFLOP/s, "
               f"8N FLOPs/token; ratio MFU/{MFU_TARGET} = {result['ratio']})")  # fmt: skip
+    if memory:
+        print(f"memory: peak allocated {memory['max_memory_allocated_gib']} GiB (ours, warm-up step), plan "
+              f"{memory['memory_plan_gib']} GiB; peak/plan = {memory['memory_peak_vs_plan']}")  # fmt: skip
     print(json.dumps(result))
     return 0
 

@@ -1,7 +1,11 @@
-"""The TRL side of `bench/e2e_vs_trl.py`: one `GRPOTrainer` run on CPU, run by the benchmark in its own
+"""The TRL side of `bench/e2e_vs_trl.py`: one `GRPOTrainer` run, run by the benchmark in its own
 virtualenv (TRL is a benchmark-only dependency; see `e2e_vs_trl.py` for how it is installed).
 
     .venv-bench/bin/python bench/trl_grpo_worker.py --model DIR --data FILE --steps N --out RESULT.json
+        [--device cpu|cuda]
+
+`--device cpu` (the default): fp32 on CPU (`use_cpu`); `--device cuda`: the first GPU with bf16 mixed
+precision, as the trainer of RFT Mesh computes there (scripts/gpu_probe.sh's baseline).
 
 The reward is `arithmetic_reward` of `services/explorer/workflows/arithmetic.py`, taken from that file's
 source (this venv has none of the product's dependencies, so the module itself cannot be imported):
@@ -53,6 +57,7 @@ def main() -> None:
     ap.add_argument("--format-score", type=float, default=0.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = ap.parse_args()
 
     import torch
@@ -60,6 +65,8 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA device")
     if args.threads:
         torch.set_num_threads(args.threads)
     reward_fn = load_reward()
@@ -83,8 +90,8 @@ def main() -> None:
 
     config = GRPOConfig(
         output_dir=str(Path(args.out).parent / "trl_out"),
-        use_cpu=True,
-        bf16=False,
+        use_cpu=args.device == "cpu",
+        bf16=args.device == "cuda",
         use_vllm=False,
         beta=0.0,
         learning_rate=args.lr,
@@ -122,6 +129,7 @@ def main() -> None:
         "num_tokens": [float(h.get("num_tokens", 0.0)) for h in logs],
         "completion_length": [float(h.get("completions/mean_length", 0.0)) for h in logs],
         "threads": torch.get_num_threads(),
+        "device": args.device,
     }
     Path(args.out).write_text(json.dumps(result))
 

@@ -1,6 +1,6 @@
 """Print the versions the GPU check depends on (python, torch, CUDA, NCCL, cuDNN, device, the wire stack).
 
-Run by scripts/gpu_check.sh's `env` step; exits non-zero if torch sees no CUDA device or bf16 is missing.
+Run by scripts/gpu_probe.sh's `setup` step (`--compact`: one line); exits non-zero if torch sees no CUDA device or bf16 is missing.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def versions() -> dict[str, object]:
 
 def main() -> int:
     info = versions()
-    print(json.dumps(info, indent=1))
+    print(json.dumps(info) if "--compact" in sys.argv[1:] else json.dumps(info, indent=1))
     return 0 if info.get("cuda_available") and info.get("bf16") else 1
 
 

@@ -1,18 +1,20 @@
-"""The wheel set the offline GPU check installs: which packages, fetched here, verified before it travels.
+"""The wheel set the offline GPU probe installs: which packages, fetched here, verified before it travels.
 
     python scripts/gpu_wheels.py download [--dest .gpu-wheels]   # needs PyPI (run by scripts/gpu_wheels.sh)
     python scripts/gpu_wheels.py check [--dest .gpu-wheels]      # offline: is the folder complete?
+    python scripts/gpu_wheels.py list                            # the roots, one per line
 
-The GPU machine (scripts/gpu_check.sh) has python 3.12 and a CUDA build of torch but no network, so every
-other package the check imports travels in `.gpu-wheels/` as cp312 manylinux x86_64 wheels.
-
-Which packages: the project's runtime and `dev` dependencies from pyproject.toml, less torch (and its CUDA
-family: nvidia-*, triton, which the machine has) and less `NOT_NEEDED`: packages the GPU check never imports
-(data loading, plotting, the serve endpoint, lint, proto generation), which would make the folder several
-times larger (pyarrow alone is a 55 MB wheel). Versions are the pins of requirements/constraints.txt, the
-versions the test suite runs with. Their dependencies are added by reading each downloaded wheel's own
-METADATA (markers evaluated for CPython 3.12 on Linux x86_64) until the set is closed, so the closure is
-the one of the very wheels that travel. `.gpu-wheels/requirements.txt` lists the result, pinned.
+The GPU machine (scripts/gpu_probe.sh) has no network; its python3 is a virtualenv holding the packages of
+`IMAGE` (torch 2.11 for CUDA 13, transformers 5.17, accelerate, peft, pyarrow, pandas, numpy, safetensors,
+tensorboard, triton and what they pull in). Only what it lacks travels in `.gpu-wheels/`, as cp312
+manylinux x86_64 wheels: the project's runtime and `dev` dependencies and TRL with `datasets` (the probe's
+baseline, bench/trl_grpo_worker.py), less `IMAGE` and less `NOT_NEEDED` (packages no probe step imports).
+grpcio and protobuf travel although the image has some version of them: the generated code of protos/
+refuses a runtime older than the one it was generated for (`CARRIED_OVER_IMAGE`).
+Versions are the pins of requirements/constraints.txt (TRL's: `EXTRA_PINS`), the versions the test suite
+runs with. Their dependencies are added by reading each downloaded wheel's own METADATA (markers evaluated
+for CPython 3.12 on Linux x86_64) until the set is closed, a dependency the image provides ending the walk
+(its version is checked where `IMAGE_VERSIONS` knows it). `.gpu-wheels/requirements.txt` lists the result.
 """
 
 from __future__ import annotations
@@ -32,28 +34,49 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 ROOT = Path(__file__).resolve().parents[1]
-# Provided by the GPU machine's system-wide CUDA torch install: never downloaded.
+# torch's CUDA family: never downloaded (a CPU-only pip could not even resolve it for the machine).
 SYSTEM = re.compile(r"^(torch|triton|nvidia-.*)$")
-# Not imported by anything the GPU check runs (pytest -m gpu files, bench/rollout.py, bench/trainer_step.py,
-# the one-GPU quickstart of bench/gpu_quickstart.py: its jsonl data reads without `datasets`, see
-# services/common/json_rows.py, and `rft run` draws no curves without matplotlib). fastapi and uvicorn
-# travel: the explorer imports its OpenAI-compatible endpoint's app at start. cryptography only makes the
-# TLS tests' certificates.
+# What the GPU machine's python3 (a virtualenv) holds besides torch: the image's own list (transformers,
+# accelerate, peft, pyarrow, pandas, grpcio, protobuf, numpy, safetensors, tensorboard) and the packages
+# those require (transformers: huggingface-hub, tokenizers, pyyaml, regex, tqdm, packaging; torch:
+# filelock, fsspec, jinja2, markupsafe, networkx, sympy, mpmath, setuptools, typing-extensions;
+# accelerate: psutil; pandas: python-dateutil; tensorboard: absl-py, markdown, pillow, werkzeug,
+# tensorboard-data-server). Only names that are certain: a name missing here is merely carried twice.
+IMAGE = {
+    "transformers", "huggingface-hub", "tokenizers", "safetensors", "numpy", "pyyaml", "regex", "tqdm",
+    "packaging", "accelerate", "psutil", "peft", "pyarrow", "pandas", "python-dateutil", "grpcio",
+    "protobuf", "tensorboard", "tensorboard-data-server", "absl-py", "markdown", "pillow", "werkzeug",
+    "filelock", "fsspec", "jinja2", "markupsafe", "networkx", "sympy", "mpmath", "setuptools",
+    "typing-extensions",
+}  # fmt: skip
+# The image's versions where they are known: a carried wheel's requirement on them is checked.
+IMAGE_VERSIONS = {"torch": "2.11.0", "transformers": "5.17.0", "triton": "3.6.0"}
+# In the image, carried all the same (first on PYTHONPATH, so these win), and why.
+CARRIED_OVER_IMAGE = {
+    "grpcio": "protos/*_pb2_grpc.py refuse a grpcio older than 1.85.1 (GRPC_GENERATED_VERSION); the image's "
+    "may be as old as tensorboard allows (1.74)",
+    "protobuf": "protos/*_pb2.py refuse a protobuf runtime older than 7.35.1; tensorboard allows 6.31",
+}
+# Benchmark-only roots (pyproject's `bench` extra; TRL pulls datasets, dill, multiprocess, xxhash) and their
+# pins where requirements/constraints.txt has none (the version bench/e2e_vs_trl.py's venv runs).
+EXTRA_ROOTS = ["trl"]
+EXTRA_PINS = {"trl": "1.16.0"}
+# Not imported by anything the GPU probe runs (the gpu-marked tests it names, bench/gpu_quickstart.py,
+# bench/trainer_step.py, bench/e2e_vs_trl.py + bench/trl_grpo_worker.py): jsonl data reads without
+# `datasets` in the product (services/common/json_rows.py), `rft run` draws no curves without matplotlib.
+# fastapi and uvicorn travel: the explorer imports its OpenAI-compatible endpoint's app at start.
+# cryptography only makes the TLS tests' certificates.
 NOT_NEEDED = {
-    "datasets",
-    "pyarrow",
     "matplotlib",
     "math-verify",
     "openai",
     "ruff",
     "grpcio-tools",
     "cryptography",
-    "hf-xet",  # hub downloads (Xet storage); the check makes its models locally
+    "hf-xet",  # hub downloads (Xet storage); the probe makes its models locally
 }
 # pip of this interpreter, else of the system python3 (a uv-made venv has no pip of its own)
 PIP = [sys.executable, "-m", "pip"] if importlib.util.find_spec("pip") else ["python3", "-m", "pip"]
-# The editable install of the project builds with these (pyproject.toml [build-system]).
-BUILD = ["setuptools", "wheel"]
 PLATFORM_ARGS = [
     "--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp", "--abi", "cp312",
     "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_17_x86_64",
@@ -67,12 +90,18 @@ TARGET_ENV = {
 }  # fmt: skip
 
 
+def provided(name: str) -> bool:
+    """True when the GPU machine has `name` and it does not travel."""
+    return bool(SYSTEM.match(name)) or (name in IMAGE and name not in CARRIED_OVER_IMAGE)
+
+
 def top_level() -> list[str]:
-    """Canonical names of the project's runtime + dev requirements the GPU check needs, plus BUILD."""
+    """Canonical names of what travels at the top: the project's runtime + dev requirements and
+    EXTRA_ROOTS, less what the image provides and NOT_NEEDED."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     names = [Requirement(r).name for r in project["dependencies"] + project["optional-dependencies"]["dev"]]
-    keep = [canonicalize_name(n) for n in names + BUILD]
-    return sorted({n for n in keep if not SYSTEM.match(n) and n not in NOT_NEEDED})
+    keep = [canonicalize_name(n) for n in names + EXTRA_ROOTS] + list(CARRIED_OVER_IMAGE)
+    return sorted({n for n in keep if not provided(n) and n not in NOT_NEEDED})
 
 
 def pins() -> dict[str, str]:
@@ -83,7 +112,7 @@ def pins() -> dict[str, str]:
         if "==" in line:
             name, version = line.split("==", 1)
             out[canonicalize_name(name)] = version.strip()
-    return out
+    return {**out, **EXTRA_PINS}
 
 
 def wheels(dest: Path) -> dict[str, tuple[str, Path]]:
@@ -127,7 +156,11 @@ def missing(dest: Path, roots: list[str]) -> tuple[list[str], list[str]]:
         version, path = have[name]
         for req in requires(path, extras):
             dep = canonicalize_name(req.name)
-            if SYSTEM.match(dep) or dep in NOT_NEEDED:
+            if dep in IMAGE_VERSIONS and not req.specifier.contains(IMAGE_VERSIONS[dep], prereleases=True):
+                conflicts.append(
+                    f"{name}=={version} needs {req}, the GPU image has {dep}=={IMAGE_VERSIONS[dep]}"
+                )
+            if provided(dep) or dep in NOT_NEEDED:
                 continue
             if dep in have and not req.specifier.contains(have[dep][0], prereleases=True):
                 conflicts.append(f"{name}=={version} needs {req}, the folder has {dep}=={have[dep][0]}")
@@ -144,11 +177,11 @@ def download(final: Path) -> int:
     dest.mkdir(parents=True)
     todo = roots
     while todo:
-        unpinned = [n for n in todo if n not in pinned and n not in BUILD]
+        unpinned = [n for n in todo if n not in pinned]
         if unpinned:
             print(f"no pin in requirements/constraints.txt for {unpinned}: add them there", file=sys.stderr)
             return 1
-        specs = [f"{n}=={pinned[n]}" if n in pinned else n for n in todo]
+        specs = [f"{n}=={pinned[n]}" for n in todo]
         print("[gpu-wheels] downloading", " ".join(specs), flush=True)
         cmd = [*PIP, "download", "-qq", "--no-deps", *PLATFORM_ARGS, "-d", str(dest)]
         subprocess.run([*cmd, *specs], check=True)

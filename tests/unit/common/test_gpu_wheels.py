@@ -52,11 +52,24 @@ def test_closure_reports_a_version_conflict(tmp_path):
     assert absent == [] and conflicts == ["app==1.0 needs lib-a>=3, the folder has lib-a==2.1"]
 
 
-def test_roots_are_pinned_and_leave_out_torch_and_unused_packages():
+def test_roots_are_pinned_and_leave_out_torch_the_image_and_unused_packages():
     roots, pins = gpu_wheels.top_level(), gpu_wheels.pins()
-    assert {"transformers", "grpcio", "pydantic", "pytest", "safetensors", "setuptools"} <= set(roots)
-    assert not {"torch", "pyarrow", "datasets", "matplotlib", "ruff"} & set(roots)
-    assert all(r in pins for r in roots if r not in gpu_wheels.BUILD)
+    assert {"grpcio", "protobuf", "pydantic", "pytest", "hypothesis", "trl", "datasets"} <= set(roots)
+    image = {"torch", "transformers", "numpy", "accelerate", "peft", "pyyaml", "regex", "psutil", "pyarrow"}
+    assert not (image | {"matplotlib", "ruff", "setuptools"}) & set(roots)
+    assert all(r in pins for r in roots)
+
+
+def test_the_walk_stops_at_the_image_and_checks_its_known_versions(tmp_path):
+    write_wheel(tmp_path, "trl", "1.0", "accelerate>=1", "transformers>=4.56", "datasets")
+    write_wheel(tmp_path, "datasets", "5.2", "pyarrow>=24", "numpy", "dill")
+    write_wheel(tmp_path, "dill", "0.4")
+    assert gpu_wheels.missing(tmp_path, ["trl"]) == ([], [])
+    write_wheel(tmp_path, "trl", "1.0", "transformers>=5.20")  # newer than the image's 5.17
+    absent, conflicts = gpu_wheels.missing(tmp_path, ["trl"])
+    assert absent == [] and conflicts == [
+        "trl==1.0 needs transformers>=5.20, the GPU image has transformers==5.17.0"
+    ]
 
 
 def test_check_names_the_missing_list(tmp_path, capsys):
