@@ -88,8 +88,9 @@ def shard_model(
     """`fully_shard` each decoder layer, then the root; returns the same (now FSDP) module.
 
     `fsdp` None means `uses_fsdp(info)`; when False the module is returned unwrapped.
-    `reshard_after_forward` defaults to True only with several ranks or `offload`: with one rank
-    resharding saves no memory and would repeat the parameter all-gather in backward.  `offload`
+    `reshard_after_forward` (of the decoder layers; never the root, see below) defaults to True only
+    with several ranks or `offload`: with one rank resharding saves no memory and would repeat the
+    parameter all-gather in backward.  `offload`
     (veRL's `fsdp_config.param_offload`) keeps the sharded parameters, their gradients and so the
     optimizer step on the CPU (FSDP2's `CPUOffloadPolicy`); each layer's parameters come to the
     device only for its forward and backward.  On a meta-device skeleton (`meta_parameters`) this
@@ -109,7 +110,10 @@ def shard_model(
     kwargs = {"mesh": mesh, "mp_policy": mp, "reshard_after_forward": reshard_after_forward}
     for layer in decoder_layers(model):
         fully_shard(layer, offload_policy=placement, **kwargs)
-    fully_shard(model, offload_policy=placement, **kwargs)
+    # the root (embeddings, final norm, LM head) stays gathered from its forward to the end of the
+    # backward, FSDP2's own default for a root: the backward needs the LM head first, and the chunked
+    # LM head (`chunked_logprobs`) runs on it after the root's forward has returned
+    fully_shard(model, offload_policy=placement, **(kwargs | {"reshard_after_forward": False}))
     return model
 
 

@@ -127,6 +127,8 @@ class TrainerSettings:
     dtype: str = "auto"
     # recompute the policy's activations in the backward pass (less memory, same gradients)
     gradient_checkpointing: bool = False
+    # trainer.logits_chunk_tokens: the LM head over this many tokens at a time; 0: all logits at once
+    logits_chunk_tokens: int = 4096
     # veRL's fsdp_config offload switches (services/trainer/worker.py; no-ops in a plain CPU process)
     param_offload: bool = False
     optimizer_offload: bool = False
@@ -255,6 +257,7 @@ class TrainerSettings:
             gradient_checkpointing=bool(
                 extra.get("actor_rollout_ref.model.enable_gradient_checkpointing", False)
             ),
+            logits_chunk_tokens=tr.logits_chunk_tokens,
             param_offload=bool(extra.get("actor_rollout_ref.actor.fsdp_config.param_offload", False)),
             optimizer_offload=bool(extra.get("actor_rollout_ref.actor.fsdp_config.optimizer_offload", False)),
             ref_param_offload=bool(extra.get("actor_rollout_ref.ref.fsdp_config.param_offload", False)),

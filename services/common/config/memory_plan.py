@@ -18,12 +18,14 @@ Trainer, per rank (N = trainer.nproc ranks, FSDP2 shards everything N ways; CUDA
                                       LoRA (with LoRA the reference is the policy, adapters off)
     critic       16 B x Pc / N        PPO's value model: weights, gradients and AdamW, fp32, plus
                                       its gathered bf16 copy as above
-    activations  tokens x (L x A + 10 x V)          without gradient checkpointing
-                 tokens x (L x 2h + A + 10 x V)     with it (one layer recomputed at a time)
+    activations  tokens x L x A + C x 10 x V        without gradient checkpointing
+                 tokens x (L x 2h + A) + C x 10 x V with it (one layer recomputed at a time)
                  A = 2 B x (12h + 2 kv + 4i): a decoder layer's saved tensors per token (bf16 norms'
                  inputs and outputs with their fp32 upcast, q, k, v, attention output, the SwiGLU
                  gate, up, product and down input; flash attention keeps no s x s scores);
-                 10 B x V: the kept logits (bf16), their fp32 copy and log-softmax. tokens: the
+                 10 B x V: the logits (bf16), their fp32 copy and log-softmax, for C tokens: one
+                 chunk (trainer.logits_chunk_tokens; the backward recomputes a chunk's logits), or
+                 all tokens with chunking off (0). tokens: the
                  token budget of a micro-batch (use_dynamic_bsz) or micro_batch_size_per_gpu x
                  max_model_len (x 2 rows for DPO pairs).
     margin       MARGIN_GIB per process: CUDA context, NCCL buffers, allocator fragmentation.
@@ -203,6 +205,13 @@ def micro_batch_tokens(config: RFTConfig) -> int:
     return rows * (2 if config.algorithm.pairwise else 1) * r.max_model_len
 
 
+def logit_tokens(config: RFTConfig, tokens: int) -> int:
+    """Tokens whose logits exist at once: one chunk (`trainer.logits_chunk_tokens`), or all of them
+    with chunking off (0)."""
+    chunk = config.trainer.logits_chunk_tokens
+    return min(tokens, chunk) if chunk > 0 else tokens
+
+
 def _gathered(shape: ModelShape, ranks: int) -> float:
     if ranks == 1:
         return 2.0 * shape.params
@@ -222,7 +231,7 @@ def trainer_plan(config: RFTConfig, shape: ModelShape, critic: ModelShape | None
         per_token = shape.layers * 2 * shape.hidden + a
     else:
         per_token = shape.layers * a
-    activations = float(tokens * (per_token + 10 * shape.vocab))
+    activations = float(tokens * per_token + logit_tokens(config, tokens) * 10 * shape.vocab)
     on_cpu = bool(extra.get(PARAM_OFFLOAD_KEY, False))
     gathered = _gathered(shape, 2 if on_cpu else n)  # offload reshards after forward, as several ranks
     optimizer = 0.0 if on_cpu else 8.0 * trainable / n

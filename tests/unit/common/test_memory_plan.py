@@ -244,3 +244,20 @@ def test_config_show_prints_the_plan_and_config_check_refuses_a_7b_on_one_gpu(tm
     )
     assert "LoRA (model.lora_configs)" in checked.output
     assert "# does not fit: GPU 0" in runner.invoke(app, ["config", "show", str(big)]).output
+
+
+def test_chunked_logits_count_one_chunk_of_logits(tmp_path):
+    path = _model(tmp_path, "q05", QWEN_05B)
+    shape = ModelShape.from_json(QWEN_05B)
+    layers = 24 * 2 * (12 * 896 + 2 * 128 + 4 * 4864)
+
+    def activations(trainer: str) -> float:
+        return trainer_plan(_config(path, f"trainer: {{{trainer}}}\n"), shape).parts["activations"]
+
+    # the default chunk (4096 tokens) of a 16384-token micro-batch; 0: every token's logits at once
+    assert activations("max_token_len_per_gpu: 16384") == 16384 * layers + 4096 * 10 * 151_936
+    full = activations("max_token_len_per_gpu: 16384, logits_chunk_tokens: 0")
+    assert full == 16384 * (layers + 10 * 151_936)
+    assert activations("max_token_len_per_gpu: 1024, logits_chunk_tokens: 4096") == 1024 * (
+        layers + 10 * 151_936
+    )
