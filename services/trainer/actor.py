@@ -38,8 +38,8 @@ from services.trainer.algorithms import (
 from services.trainer.chunked_logprobs import chunked_logprobs, hidden_at_logits, supports_hidden_path
 from services.trainer.collate import ModelShape, StepBatch, model_inputs, pack
 from services.trainer.distributed import DistInfo
-from services.trainer.fsdp import clip_grad_norm, reshard_after_inference
-from services.trainer.lora import reference_mode
+from services.trainer.fsdp import accumulate, clip_grad_norm, reshard_after_inference
+from services.trainer.lora import is_lora, reference_mode
 from services.trainer.rowwise import MicroBatching, local_micro_batches, map_rows
 from services.trainer.settings import TrainerSettings
 
@@ -130,6 +130,8 @@ class Actor:
         )
         self.kl_coef = float(preset.kl_loss_fn_args.get("kl_coef", 0.0)) if preset.use_kl_loss else 0.0
         self.shape = ModelShape.of(module)
+        # several ranks: one gradient reduce-scatter per optimizer step (`fsdp.accumulate`)
+        self.defer_sync = settings.defers_grad_sync(info.world_size, info.device.type, is_lora(module))
         self.batching = MicroBatching(
             settings.micro_batch_size,
             settings.max_tokens_per_micro_batch if settings.use_dynamic_bsz else None,
@@ -242,7 +244,8 @@ class Actor:
         losses = torch.zeros(3, dtype=torch.float64, device=dev)  # pg_loss, entropy, kl_loss
         loss_fn_metrics = torch.zeros(3, dtype=torch.float64)  # clipfrac, ppo_kl, clipfrac_lower
         self.optimizer.zero_grad(set_to_none=True)
-        for rows in local_micro_batches(mini, self.info, self.batching):
+        micro_batches = local_micro_batches(mini, self.info, self.batching)
+        for rows in accumulate(self.module, micro_batches, self.defer_sync):
             micro = mini.rows(rows)
             b = micro.batch
             mask = b.response_mask.to(dev)

@@ -21,8 +21,9 @@ step equals the plain one.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -44,6 +45,7 @@ from torch.distributed.tensor import DTensor
 from services.trainer.distributed import DistInfo
 
 __all__ = [
+    "accumulate",
     "clip_grad_norm",
     "decoder_layers",
     "full_state_dict",
@@ -168,6 +170,30 @@ def materialize(
 def _set_buffer(model: nn.Module, name: str, value: torch.Tensor) -> None:
     owner, _, leaf = name.rpartition(".")
     model.get_submodule(owner)._buffers[leaf] = value
+
+
+_T = TypeVar("_T")
+
+
+def accumulate(module: nn.Module, micro_batches: Sequence[_T], defer_sync: bool) -> Iterator[_T]:
+    """The micro-batches of one optimizer step; with `defer_sync` on an FSDP2 module, the backward
+    passes of all but the last keep their gradients unreduced (`set_requires_gradient_sync(False)`,
+    FSDP1's `no_sync`) and the last one reduce-scatters the sum once.
+
+    The same gradients with one reduce-scatter per parameter group per step instead of one per
+    micro-batch; the price is memory: until the last backward each rank holds the full unsharded
+    gradient (fp32) of every trainable parameter, not its 1/N shard (`trainer.defer_grad_sync`;
+    the memory plan counts it).  Sync is on again when the loop ends, however it ends.
+    """
+    fsdp = defer_sync and isinstance(module, FSDPModule)
+    try:
+        for k, micro in enumerate(micro_batches):
+            if fsdp:
+                module.set_requires_gradient_sync(k == len(micro_batches) - 1)  # type: ignore[operator]
+            yield micro
+    finally:
+        if fsdp:
+            module.set_requires_gradient_sync(True)  # type: ignore[operator]
 
 
 def reshard_after_inference(module: nn.Module) -> None:

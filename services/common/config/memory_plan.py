@@ -9,6 +9,8 @@ Trainer, per rank (N = trainer.nproc ranks, FSDP2 shards everything N ways; CUDA
     parameters   4 B x (P + T') / N   fp32 master weights (P: every parameter of the policy; T':
                                       the LoRA adapter's, 0 without LoRA)
     gradients    4 B x T / N          fp32 (T: trainable parameters; P, or the LoRA adapter's)
+                 + 4 B x T            several ranks deferring the sync (trainer.defer_grad_sync, or
+                                      LoRA): unsharded fp32 gradients until a step's last micro-batch
     optimizer    8 B x T / N          AdamW exp_avg + exp_avg_sq, fp32
     gathered     2 B x P              one rank: FSDP2 keeps every unsharded bf16 parameter
                  2 B x (R + 2 x Lp)   several ranks (or param offload): the root's (R: embeddings,
@@ -212,6 +214,15 @@ def logit_tokens(config: RFTConfig, tokens: int) -> int:
     return min(tokens, chunk) if chunk > 0 else tokens
 
 
+def unsynced_grads(config: RFTConfig, trainable: int) -> float:
+    """Several ranks deferring the gradient sync (`trainer.defer_grad_sync`: set, or unset with LoRA):
+    the full unsharded fp32 gradients each rank accumulates on the device (also with param offload)
+    until the last micro-batch of a step reduce-scatters them."""
+    t = config.trainer
+    defer = t.defer_grad_sync if t.defer_grad_sync is not None else bool(config.model.lora_configs)
+    return 4.0 * trainable if t.nproc * t.nnodes > 1 and defer else 0.0
+
+
 def _gathered(shape: ModelShape, ranks: int) -> float:
     if ranks == 1:
         return 2.0 * shape.params
@@ -241,7 +252,7 @@ def trainer_plan(config: RFTConfig, shape: ModelShape, critic: ModelShape | None
     reference = uses_reference(config) and lora is None and not extra.get(REF_PARAM_OFFLOAD_KEY, False)
     parts = {
         "parameters (fp32)": 0.0 if on_cpu else 4.0 * (p + (trainable if lora else 0)) / n,
-        "gradients (fp32)": 0.0 if on_cpu else 4.0 * trainable / n,
+        "gradients (fp32)": (0.0 if on_cpu else 4.0 * trainable / n) + unsynced_grads(config, trainable),
         "optimizer (AdamW fp32)": optimizer,
         "gathered bf16": gathered,
         "reference (bf16)": 2.0 * p / n if reference else 0.0,

@@ -261,3 +261,19 @@ def test_chunked_logits_count_one_chunk_of_logits(tmp_path):
     assert activations("max_token_len_per_gpu: 1024, logits_chunk_tokens: 4096") == 1024 * (
         layers + 10 * 151_936
     )
+
+
+def test_deferred_gradient_sync_holds_the_unsharded_gradients(tmp_path):
+    model = _model(tmp_path, "q7", QWEN_7B)
+    shape = ModelShape.from_json(QWEN_7B)
+    eight = "mode: train\ncluster: {gpu_per_node: 8}\ntrainer: {nproc: 8%s}\n"
+
+    def grads(extra: str, text: str = RUN.format(path=model)) -> float:
+        config = load_config(text=text + eight % extra, environ={})
+        return trainer_plan(config, shape).parts["gradients (fp32)"]
+
+    assert grads("") == 4 * P_7B / 8  # unset: a full model on GPUs reduces every micro-batch
+    assert grads(", defer_grad_sync: true") == 4 * P_7B / 8 + 4 * P_7B
+    lora = RUN.format(path=model).replace("768}", "768, lora_configs: [{lora_rank: 32}]}")
+    assert grads("", lora) == 4 * 80_740_352 / 8 + 4 * 80_740_352  # unset: LoRA defers, it is cheap
+    assert grads(", defer_grad_sync: false", lora) == 4 * 80_740_352 / 8
