@@ -5,9 +5,10 @@
         [--logits-chunk N]
 
 Both sides run on the same batch of experiences (varied lengths), in the same process, one after the
-other: in each of several rounds each side is built, warmed up with one step, timed over one step and
-freed before the next is built (so a micro-batch that fits one side is not refused for the other's
-memory, and load drifting over the run touches every side alike); the median is reported.  Work per step on both sides (checked before timing): one no-grad forward over the same
+other: each side is built, warmed up with one step, timed and freed before the next is built, so a
+micro-batch that fits one side is not refused for the other's memory (on the CPU in rounds of one
+timed step per side, so load drifting over the run touches every side alike; on CUDA each side once,
+over all repetitions); the median is reported.  Work per step on both sides (checked before timing): one no-grad forward over the same
 micro-batches (old log-probs, which PPO-family trainers recompute), then forward + backward of a
 policy-gradient loss over them, gradient clipping and one AdamW step.
 
@@ -288,9 +289,12 @@ def main() -> int:
         }
         times: dict[str, list[float]] = {name: [] for name in sides}
         ours_fsdp = False
-        for _ in range(reps):  # rounds, so load drifting over the run touches every side alike
+        # CPU: rounds of one timed step per side, so load drifting over the run (a shared machine)
+        # touches every side alike; CUDA: each side built once (loading a Qwen shape takes seconds)
+        rounds, per_round = (reps, 1) if info.device.type == "cpu" else (1, reps)
+        for _ in range(rounds):
             for name, build in sides.items():  # one at a time, each freed before the next is built
-                seconds, fsdp, n_params = measure(build(), step, exps, 1, info.device)
+                seconds, fsdp, n_params = measure(build(), step, exps, per_round, info.device)
                 times[name] += seconds
                 ours_fsdp = fsdp if name == "ours" else ours_fsdp
                 free(info.device)
