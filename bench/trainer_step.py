@@ -2,12 +2,19 @@
 
     python bench/trainer_step.py [--quick] [--gpu] [--device cpu|cuda] [--dtype auto|fp32|bf16]
         [--shape tiny|small|qwen2-0.5b|qwen2.5-1.5b] [--micro N] [--peak-tflops T] [--reps N]
+        [--logits-chunk N]
 
-Both sides run on the same batch of experiences (varied lengths), in the same process, interleaved,
-several repetitions after one warm-up step each; the median is reported.  Work per step on both
-sides (checked before timing): one no-grad forward over the same micro-batches (old log-probs,
-which PPO-family trainers recompute), then forward + backward of a policy-gradient loss over them,
-gradient clipping and one AdamW step.
+Both sides run on the same batch of experiences (varied lengths), in the same process, one after the
+other: each side is built, warmed up with one step, timed and freed before the next is built, so a
+micro-batch that fits one side is not refused for the other's memory (on the CPU in rounds of one
+timed step per side, so load drifting over the run touches every side alike; on CUDA each side once,
+over all repetitions); the median is reported.  Work per step on both sides (checked before timing): one no-grad forward over the same
+micro-batches (old log-probs, which PPO-family trainers recompute), then forward + backward of a
+policy-gradient loss over them, gradient clipping and one AdamW step.
+
+A third run, ours with `trainer.logits_chunk_tokens: 0` (all logits at once), gives the
+"chunked vs full logits" ratio of the chunked LM head (services/trainer/chunked_logprobs.py), whose
+chunk is `--logits-chunk` tokens (default: the trainer's, 4096).
 
 - ours: `FSDPEngine.train_step` (one process: the plain module on CPU, FSDP2 on CUDA — see
   `services.trainer.fsdp.uses_fsdp`; packed micro-batches, the registered PPO loss, entropy
@@ -39,6 +46,7 @@ The last line is one JSON object.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -150,8 +158,8 @@ class Bare:
 
 
 def memory_figures(config, model_dir: Path, device: torch.device) -> dict[str, object]:
-    """On CUDA: `torch.cuda.max_memory_allocated` after our warm-up step (before the baseline's model
-    exists) next to the memory plan of one trainer rank (services/common/config/memory_plan.py, its
+    """On CUDA: `torch.cuda.max_memory_allocated` over our steps (the other sides built only after ours
+    is freed) next to the memory plan of one trainer rank (services/common/config/memory_plan.py, its
     margin included), in GiB; {} elsewhere."""
     if device.type != "cuda":
         return {}
@@ -175,6 +183,33 @@ def memory_figures(config, model_dir: Path, device: torch.device) -> dict[str, o
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize()
+
+
+def free(device: torch.device) -> None:
+    """Return what the side just measured held, so the next one starts from an empty device."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def measure(side, step, exps, reps: int, device: torch.device) -> tuple[list[float], bool, int]:
+    """Seconds of `reps` steps of `side` (ours: an `FSDPEngine`; a `Bare`) after one warm-up step;
+    whether it ran FSDP2, and its parameter count.  `side` is closed and released on return."""
+    fn = (lambda: side.step(exps)) if isinstance(side, Bare) else (lambda: side.train_step(step))
+    fn()
+    out = []
+    for _ in range(reps):
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        out.append(time.perf_counter() - t0)
+    model = side.model if isinstance(side, Bare) else side.worker.policy
+    n_params = sum(p.numel() for p in model.parameters())
+    fsdp = not isinstance(side, Bare) and side.worker.fsdp
+    if not isinstance(side, Bare):
+        side.close()
+    return out, fsdp, n_params
 
 
 # dense bf16 peak TFLOP/s by device name (NVIDIA data sheets, SXM parts)
@@ -201,6 +236,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--micro", type=int, default=None, help="experiences per micro-batch (default: the shape's, 4)"
     )
+    parser.add_argument(
+        "--logits-chunk", type=int, default=None, help="trainer.logits_chunk_tokens of ours (default 4096)"
+    )
     args = parser.parse_args(argv)
     if args.gpu:
         args.device, args.dtype, args.shape = args.device or "cuda", "bf16", args.shape or "qwen2-0.5b"
@@ -213,6 +251,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.dtype = want
     if args.micro is not None and args.micro < 1:
         parser.error(f"--micro must be >= 1, got {args.micro}")
+    if args.logits_chunk is not None and args.logits_chunk < 1:
+        parser.error(
+            f"--logits-chunk must be >= 1 (the full-logits run is measured anyway), got {args.logits_chunk}"
+        )
     if args.reps is not None and args.reps < 1:
         parser.error(f"--reps must be >= 1, got {args.reps}")
     if args.peak_tflops is not None and args.peak_tflops <= 0:
@@ -246,34 +288,50 @@ def main() -> int:
             model_dir = make_tiny_model(Path(tmp) / "m", size=args.shape)
         n, prompt, response, micro = WORK[args.shape]
         micro = args.micro or micro
-        config = make_config(
-            model_dir,
-            Path(tmp) / "ck",
-            buffer={"batch_size": n // 4},
-            trainer={"micro_batch_size_per_gpu": micro, "use_dynamic_bsz": False},
-        )
-        settings = TrainerSettings.from_config(config)
-        ours = FSDPEngine(settings, info)
         exps = make_batch(n, prompt, response, vocab=500)
         step = collate(exps)
         tokens = step.num_tokens
-        # the same work on both sides: Bare.step's micro-batches and a single optimizer step
-        same_micro = [list(range(i, min(i + micro, n))) for i in range(0, n, micro)]
-        assert local_micro_batches(step, info, ours.worker.actor.batching) == same_micro
-        assert settings.ppo_epochs == 1 and settings.mini_batch_size == n
-        ours.train_step(step)  # warm-up ours, its memory peak measured before the baseline exists
-        memory = memory_figures(config, model_dir, info.device)
-        bare = Bare(model_dir, info.device, settings.actor_optim.lr, micro)
-        bare.step(exps)
-        times: dict[str, list[float]] = {"ours": [], "bare": []}
-        for _ in range(reps):
-            for name, fn in (("ours", lambda: ours.train_step(step)), ("bare", lambda: bare.step(exps))):
-                sync(info.device)
-                t0 = time.perf_counter()
-                fn()
-                sync(info.device)
-                times[name].append(time.perf_counter() - t0)
-        n_params = sum(p.numel() for p in bare.model.parameters())
+
+        def config_for(chunk: int | None):
+            trainer = {"micro_batch_size_per_gpu": micro, "use_dynamic_bsz": False}
+            if chunk is not None:
+                trainer["logits_chunk_tokens"] = chunk
+            return make_config(model_dir, Path(tmp) / "ck", buffer={"batch_size": n // 4}, trainer=trainer)
+
+        def settings_for(chunk: int | None) -> TrainerSettings:
+            return TrainerSettings.from_config(config_for(chunk))
+
+        def engine(settings: TrainerSettings) -> FSDPEngine:
+            ours = FSDPEngine(settings, info)
+            # the same work on both sides: Bare.step's micro-batches and a single optimizer step
+            same_micro = [list(range(i, min(i + micro, n))) for i in range(0, n, micro)]
+            assert local_micro_batches(step, info, ours.worker.actor.batching) == same_micro
+            assert settings.ppo_epochs == 1 and settings.mini_batch_size == n
+            return ours
+
+        config = config_for(args.logits_chunk)
+        settings = TrainerSettings.from_config(config)
+        sides = {
+            "ours": lambda: engine(settings),
+            "full": lambda: engine(settings_for(0)),  # ours with all logits at once
+            "bare": lambda: Bare(model_dir, info.device, settings.actor_optim.lr, micro),
+        }
+        times: dict[str, list[float]] = {name: [] for name in sides}
+        ours_fsdp = False
+        memory: dict[str, object] = {}
+        # CPU: rounds of one timed step per side, so load drifting over the run (a shared machine)
+        # touches every side alike; CUDA: each side built once (loading a Qwen shape takes seconds)
+        rounds, per_round = (reps, 1) if info.device.type == "cpu" else (1, reps)
+        for _ in range(rounds):
+            for name, build in sides.items():  # one at a time, each freed before the next is built
+                if info.device.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(info.device)
+                seconds, fsdp, n_params = measure(build(), step, exps, per_round, info.device)
+                times[name] += seconds
+                if name == "ours":  # its peak, warm-up included, with nothing else on the device
+                    ours_fsdp = fsdp
+                    memory = memory or memory_figures(config, model_dir, info.device)
+                free(info.device)
     med = {k: statistics.median(v) for k, v in times.items()}
     tps = {k: tokens / v for k, v in med.items()}
     result = {
@@ -288,8 +346,11 @@ def main() -> int:
         "baseline": {"bare_tokens_per_s": round(tps["bare"], 1), "bare_step_s": round(med["bare"], 4)},
         "ratio": round(tps["ours"] / tps["bare"], 3),
         "target": 0.9,
+        "logits_chunk_tokens": settings.logits_chunk_tokens,
+        "full_logits": {"tokens_per_s": round(tps["full"], 1), "step_s": round(med["full"], 4)},
+        "chunked_vs_full": round(tps["ours"] / tps["full"], 3),
         "device": str(info.device),
-        "fsdp": ours.worker.fsdp,
+        "fsdp": ours_fsdp,
         "threads": torch.get_num_threads(),
         "micro_batch": micro,
     }
@@ -312,10 +373,12 @@ def main() -> int:
         result["device_name"] = torch.cuda.get_device_name(info.device)
     result.update(memory)
     print(f"{'':8} {'step s (median)':>16} {'tokens/s':>12}")
-    for k in ("ours", "bare"):
+    for k in ("ours", "full", "bare"):
         print(f"{k:8} {med[k]:>16.4f} {tps[k]:>12.1f}")
     ours_vs_bare = result.get("ratio_vs_bare", result["ratio"])
     print(f"ratio ours/bare = {ours_vs_bare}  (target 0.9; {tokens} tokens/step, {n_params} params)")
+    print(f"chunked vs full logits = {result['chunked_vs_full']}  (ours with logits_chunk_tokens "
+          f"{settings.logits_chunk_tokens} vs 0)")  # fmt: skip
     if peak is not None:
         print(f"MFU ours {result['mfu']:.4f}  bare {result['mfu_bare']:.4f}  (peak {peak:g} TFLOP/s, "
               f"8N FLOPs/token; ratio MFU/{MFU_TARGET} = {result['ratio']})")  # fmt: skip

@@ -35,10 +35,11 @@ from services.trainer.algorithms import (
     logprobs_from_logits,
     rollout_probs_diff,
 )
+from services.trainer.chunked_logprobs import chunked_logprobs, hidden_at_logits, supports_hidden_path
 from services.trainer.collate import ModelShape, StepBatch, model_inputs, pack
 from services.trainer.distributed import DistInfo
-from services.trainer.fsdp import clip_grad_norm, reshard_after_inference
-from services.trainer.lora import reference_mode
+from services.trainer.fsdp import accumulate, clip_grad_norm, reshard_after_inference
+from services.trainer.lora import is_lora, reference_mode
 from services.trainer.rowwise import MicroBatching, local_micro_batches, map_rows
 from services.trainer.settings import TrainerSettings
 
@@ -55,6 +56,7 @@ def policy_forward(
     entropy: bool = False,
     entropy_grad: bool = False,
     shape: ModelShape | None = None,
+    chunk_tokens: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropy) of the response tokens of `micro`, ``(rows, response_length)``.
 
@@ -62,9 +64,15 @@ def policy_forward(
     share one logsumexp (`logprobs_and_entropy`), and the entropy carries a gradient only with
     `entropy_grad` (a non-zero entropy coefficient), otherwise it is a no-grad metric.  With the
     module's `shape` the rows are packed or padded, whichever is cheaper (`collate.model_inputs`);
-    without it they are packed.
+    without it they are packed.  `chunk_tokens` > 0: the LM head runs on that many tokens at a time
+    (`chunked_logprobs`; the same numbers, one chunk's logits in memory); 0: all logits at once.
     """
     packed = (pack(micro) if shape is None else model_inputs(micro, shape)).to(device)
+    labels = packed.labels.to(device)
+    if chunk_tokens > 0 and supports_hidden_path(module):
+        hidden = hidden_at_logits(module, packed)
+        lp, ent = chunked_logprobs(module, hidden, labels, temperature, chunk_tokens, entropy, entropy_grad)
+        return packed.unpack(lp), None if ent is None else packed.unpack(ent)
     if packed.packed:
         out = module(
             input_ids=packed.input_ids,
@@ -77,7 +85,6 @@ def policy_forward(
     logits = packed.select_logits(out.logits).float()  # (N, vocab)
     if temperature != 1.0:
         logits = logits / temperature
-    labels = packed.labels.to(device)
     if not entropy:
         return packed.unpack(logprobs_from_logits(logits, labels)), None
     log_probs, ent = logprobs_and_entropy(logits, labels, entropy_grad=entropy_grad)
@@ -123,6 +130,8 @@ class Actor:
         )
         self.kl_coef = float(preset.kl_loss_fn_args.get("kl_coef", 0.0)) if preset.use_kl_loss else 0.0
         self.shape = ModelShape.of(module)
+        # several ranks: one gradient reduce-scatter per optimizer step (`fsdp.accumulate`)
+        self.defer_sync = settings.defers_grad_sync(info.world_size, info.device.type, is_lora(module))
         self.batching = MicroBatching(
             settings.micro_batch_size,
             settings.max_tokens_per_micro_batch if settings.use_dynamic_bsz else None,
@@ -141,7 +150,12 @@ class Actor:
                     self.info,
                     self.batching,
                     lambda micro: policy_forward(
-                        self.module, micro, self.settings.temperature, self.info.device, shape=self.shape
+                        self.module,
+                        micro,
+                        self.settings.temperature,
+                        self.info.device,
+                        shape=self.shape,
+                        chunk_tokens=self.settings.logits_chunk_tokens,
                     )[0],
                 )
         finally:
@@ -230,7 +244,8 @@ class Actor:
         losses = torch.zeros(3, dtype=torch.float64, device=dev)  # pg_loss, entropy, kl_loss
         loss_fn_metrics = torch.zeros(3, dtype=torch.float64)  # clipfrac, ppo_kl, clipfrac_lower
         self.optimizer.zero_grad(set_to_none=True)
-        for rows in local_micro_batches(mini, self.info, self.batching):
+        micro_batches = local_micro_batches(mini, self.info, self.batching)
+        for rows in accumulate(self.module, micro_batches, self.defer_sync):
             micro = mini.rows(rows)
             b = micro.batch
             mask = b.response_mask.to(dev)
@@ -242,6 +257,7 @@ class Actor:
                 entropy=True,
                 entropy_grad=self.entropy_coef != 0.0,
                 shape=self.shape,
+                chunk_tokens=self.settings.logits_chunk_tokens,
             )
             assert entropy is not None
             # one update per batch: the policy before this step is the old policy (settings)

@@ -20,7 +20,7 @@ from services.trainer.actor import agg_normaliser
 from services.trainer.algorithms import compute_value_loss, masked_mean
 from services.trainer.collate import StepBatch, pack
 from services.trainer.distributed import DistInfo
-from services.trainer.fsdp import clip_grad_norm, reshard_after_inference
+from services.trainer.fsdp import accumulate, clip_grad_norm, reshard_after_inference
 from services.trainer.rowwise import MicroBatching, local_micro_batches, map_rows
 from services.trainer.settings import TrainerSettings
 from services.trainer.varlen_attention import load_packed_model
@@ -112,7 +112,9 @@ class Critic:
                 global_norm = agg_normaliser(mini.batch.response_mask, mode)
                 global_tokens = max(float(mini.batch.response_mask.sum()), 1.0)
                 self.optimizer.zero_grad(set_to_none=True)
-                for rows in local_micro_batches(mini, self.info, self.batching):
+                micro_batches = local_micro_batches(mini, self.info, self.batching)
+                defer = self.settings.defers_grad_sync(world, dev.type, lora=False)
+                for rows in accumulate(self.module, micro_batches, defer):
                     micro = mini.rows(rows)
                     b = micro.batch
                     mask = b.response_mask.to(dev)

@@ -21,8 +21,9 @@ step equals the plain one.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -44,6 +45,7 @@ from torch.distributed.tensor import DTensor
 from services.trainer.distributed import DistInfo
 
 __all__ = [
+    "accumulate",
     "clip_grad_norm",
     "decoder_layers",
     "full_state_dict",
@@ -88,8 +90,9 @@ def shard_model(
     """`fully_shard` each decoder layer, then the root; returns the same (now FSDP) module.
 
     `fsdp` None means `uses_fsdp(info)`; when False the module is returned unwrapped.
-    `reshard_after_forward` defaults to True only with several ranks or `offload`: with one rank
-    resharding saves no memory and would repeat the parameter all-gather in backward.  `offload`
+    `reshard_after_forward` (of the decoder layers; never the root, see below) defaults to True only
+    with several ranks or `offload`: with one rank resharding saves no memory and would repeat the
+    parameter all-gather in backward.  `offload`
     (veRL's `fsdp_config.param_offload`) keeps the sharded parameters, their gradients and so the
     optimizer step on the CPU (FSDP2's `CPUOffloadPolicy`); each layer's parameters come to the
     device only for its forward and backward.  On a meta-device skeleton (`meta_parameters`) this
@@ -109,7 +112,10 @@ def shard_model(
     kwargs = {"mesh": mesh, "mp_policy": mp, "reshard_after_forward": reshard_after_forward}
     for layer in decoder_layers(model):
         fully_shard(layer, offload_policy=placement, **kwargs)
-    fully_shard(model, offload_policy=placement, **kwargs)
+    # the root (embeddings, final norm, LM head) stays gathered from its forward to the end of the
+    # backward, FSDP2's own default for a root: the backward needs the LM head first, and the chunked
+    # LM head (`chunked_logprobs`) runs on it after the root's forward has returned
+    fully_shard(model, offload_policy=placement, **(kwargs | {"reshard_after_forward": False}))
     return model
 
 
@@ -164,6 +170,30 @@ def materialize(
 def _set_buffer(model: nn.Module, name: str, value: torch.Tensor) -> None:
     owner, _, leaf = name.rpartition(".")
     model.get_submodule(owner)._buffers[leaf] = value
+
+
+_T = TypeVar("_T")
+
+
+def accumulate(module: nn.Module, micro_batches: Sequence[_T], defer_sync: bool) -> Iterator[_T]:
+    """The micro-batches of one optimizer step; with `defer_sync` on an FSDP2 module, the backward
+    passes of all but the last keep their gradients unreduced (`set_requires_gradient_sync(False)`,
+    FSDP1's `no_sync`) and the last one reduce-scatters the sum once.
+
+    The same gradients with one reduce-scatter per parameter group per step instead of one per
+    micro-batch; the price is memory: until the last backward each rank holds the full unsharded
+    gradient (fp32) of every trainable parameter, not its 1/N shard (`trainer.defer_grad_sync`;
+    the memory plan counts it).  Sync is on again when the loop ends, however it ends.
+    """
+    fsdp = defer_sync and isinstance(module, FSDPModule)
+    try:
+        for k, micro in enumerate(micro_batches):
+            if fsdp:
+                module.set_requires_gradient_sync(k == len(micro_batches) - 1)  # type: ignore[operator]
+            yield micro
+    finally:
+        if fsdp:
+            module.set_requires_gradient_sync(True)  # type: ignore[operator]
 
 
 def reshard_after_inference(module: nn.Module) -> None:

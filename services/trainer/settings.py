@@ -127,6 +127,11 @@ class TrainerSettings:
     dtype: str = "auto"
     # recompute the policy's activations in the backward pass (less memory, same gradients)
     gradient_checkpointing: bool = False
+    # trainer.logits_chunk_tokens: the LM head over this many tokens at a time; 0: all logits at once
+    logits_chunk_tokens: int = 4096
+    # trainer.defer_grad_sync: several ranks reduce gradients once per optimizer step (fsdp.accumulate);
+    # None: only where the unsharded gradients cost little (`defers_grad_sync`)
+    defer_grad_sync: bool | None = None
     # veRL's fsdp_config offload switches (services/trainer/worker.py; no-ops in a plain CPU process)
     param_offload: bool = False
     optimizer_offload: bool = False
@@ -155,6 +160,14 @@ class TrainerSettings:
         `train_batch_size` counts experiences (pairs); mini- and micro-batch sizes count rows and are
         doubled for pairs, as Trinity-RFT doubles DPO's micro-batch size."""
         return 2 if self.preset.pairwise else 1
+
+    def defers_grad_sync(self, world_size: int, device_type: str, lora: bool) -> bool:
+        """Whether a model's micro-batches reduce their gradients once per step (`fsdp.accumulate`):
+        with several ranks, as set, or when unset for a LoRA adapter or on the CPU (a full model on
+        GPUs would hold its unsharded fp32 gradients on every rank)."""
+        if world_size < 2:
+            return False
+        return self.defer_grad_sync if self.defer_grad_sync is not None else lora or device_type == "cpu"
 
     @property
     def use_critic(self) -> bool:
@@ -255,6 +268,8 @@ class TrainerSettings:
             gradient_checkpointing=bool(
                 extra.get("actor_rollout_ref.model.enable_gradient_checkpointing", False)
             ),
+            logits_chunk_tokens=tr.logits_chunk_tokens,
+            defer_grad_sync=tr.defer_grad_sync,
             param_offload=bool(extra.get("actor_rollout_ref.actor.fsdp_config.param_offload", False)),
             optimizer_offload=bool(extra.get("actor_rollout_ref.actor.fsdp_config.optimizer_offload", False)),
             ref_param_offload=bool(extra.get("actor_rollout_ref.ref.fsdp_config.param_offload", False)),

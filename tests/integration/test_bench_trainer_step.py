@@ -38,6 +38,10 @@ def test_mfu_on_cpu_with_tiny_shape():
     assert result["target"] == 1.0 and result["mfu_target"] == 0.35 and result["peak_tflops"] == 0.5
     assert result["ratio_vs_bare"] > 0 and result["baseline"]["bare_tokens_per_s"] > 0
     assert "MFU ours" in proc.stdout
+    assert result["logits_chunk_tokens"] == 4096 and result["full_logits"]["tokens_per_s"] > 0
+    assert result["chunked_vs_full"] == pytest.approx(
+        result["tokens_per_s"] / result["full_logits"]["tokens_per_s"], rel=0.01
+    )
 
 
 @pytest.mark.parametrize(
@@ -46,6 +50,7 @@ def test_mfu_on_cpu_with_tiny_shape():
         (["--device", "cpu", "--dtype", "bf16"], "--dtype bf16 with --device cpu"),
         (["--device", "cpu", "--peak-tflops", "0"], "--peak-tflops must be > 0"),
         (["--device", "cpu", "--reps", "0"], "--reps must be >= 1"),
+        (["--device", "cpu", "--logits-chunk", "0"], "--logits-chunk must be >= 1"),
         (["--shape", "qwen3"], "invalid choice: 'qwen3'"),
     ],
 )

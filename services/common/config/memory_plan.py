@@ -9,6 +9,8 @@ Trainer, per rank (N = trainer.nproc ranks, FSDP2 shards everything N ways; CUDA
     parameters   4 B x (P + T') / N   fp32 master weights (P: every parameter of the policy; T':
                                       the LoRA adapter's, 0 without LoRA)
     gradients    4 B x T / N          fp32 (T: trainable parameters; P, or the LoRA adapter's)
+                 + 4 B x T            several ranks deferring the sync (trainer.defer_grad_sync, or
+                                      LoRA): unsharded fp32 gradients until a step's last micro-batch
     optimizer    8 B x T / N          AdamW exp_avg + exp_avg_sq, fp32
     gathered     2 B x P              one rank: FSDP2 keeps every unsharded bf16 parameter
                  2 B x (R + 2 x Lp)   several ranks (or param offload): the root's (R: embeddings,
@@ -29,8 +31,11 @@ Trainer, per rank (N = trainer.nproc ranks, FSDP2 shards everything N ways; CUDA
                  the final norm's tensors (~9h per token, once) fall within that margin.
                  tokens: the token budget of a micro-batch (use_dynamic_bsz) or
                  micro_batch_size_per_gpu x max_model_len (x 2 rows for DPO pairs).
-    logits       tokens x 20 B x V                  the LM head's peak (`logits_bytes`): fp32
-                                                    log-softmax backward, derived there
+    logits       C x 20 B x V                       the LM head's peak (`logits_bytes`): fp32
+                                                    log-softmax backward, derived there; C tokens:
+                                                    one chunk (trainer.logits_chunk_tokens; the
+                                                    backward recomputes a chunk's logits), or every
+                                                    token with chunking off (0)
     weight-sync snapshot  2 B x P                   rank 0, sync_method nccl on CUDA: the whole policy
                  gathered in bf16 on the GPU (trainer/weight_sync.py, FULL_ON_DEVICE) while it is
                  broadcast; with sync_offset >= 1 it is held while the next step trains, with 0
@@ -218,6 +223,22 @@ def micro_batch_tokens(config: RFTConfig) -> int:
     return rows * (2 if config.algorithm.pairwise else 1) * r.max_model_len
 
 
+def logit_tokens(config: RFTConfig, tokens: int) -> int:
+    """Tokens whose logits exist at once: one chunk (`trainer.logits_chunk_tokens`), or all of them
+    with chunking off (0)."""
+    chunk = config.trainer.logits_chunk_tokens
+    return min(tokens, chunk) if chunk > 0 else tokens
+
+
+def unsynced_grads(config: RFTConfig, trainable: int) -> float:
+    """Several ranks deferring the gradient sync (`trainer.defer_grad_sync`: set, or unset with LoRA):
+    the full unsharded fp32 gradients each rank accumulates on the device (also with param offload)
+    until the last micro-batch of a step reduce-scatters them."""
+    t = config.trainer
+    defer = t.defer_grad_sync if t.defer_grad_sync is not None else bool(config.model.lora_configs)
+    return 4.0 * trainable if t.nproc * t.nnodes > 1 and defer else 0.0
+
+
 def _gathered(shape: ModelShape, ranks: int) -> float:
     if ranks == 1:
         return 2.0 * shape.params
@@ -251,7 +272,7 @@ def trainer_plan(
     reference = uses_reference(config) and lora is None and not extra.get(REF_PARAM_OFFLOAD_KEY, False)
     parts = {
         "parameters (fp32)": 0.0 if on_cpu else 4.0 * (p + (trainable if lora else 0)) / n,
-        "gradients (fp32)": 0.0 if on_cpu else 4.0 * trainable / n,
+        "gradients (fp32)": (0.0 if on_cpu else 4.0 * trainable / n) + unsynced_grads(config, trainable),
         "optimizer (AdamW fp32)": optimizer,
         "gathered bf16": gathered,
         "reference (bf16)": 2.0 * p / n if reference else 0.0,
@@ -279,11 +300,13 @@ def logits_bytes(config: RFTConfig, shape: ModelShape, tokens: int) -> float:
       backward: 4 (the saved fp32 logits) + 4 (gather's gradient) + 4 + 4 + 4 (logsumexp's
                 z - lse, its exp, the product with the incoming gradient)                = 20
     The backward peak comes first in the backward pass, while every layer's activations are still
-    held, so it adds to them whole. All tokens count: a padded micro-batch computes the head at
-    every position (a packed one only at the response positions; the plan stays an upper bound).
-    `config` is for the trainer knobs that change how much of the head is live at once.
+    held, so it adds to them whole. With the head in chunks (`trainer.logits_chunk_tokens`,
+    services/trainer/chunked_logprobs.py) only one chunk's logits are live at a time, in the forward
+    and in the backward (which recomputes them); with chunking off every token counts (a padded
+    micro-batch computes the head at every position, a packed one only at the response positions:
+    the plan stays an upper bound).
     """
-    return float(tokens * LOGITS_BYTES_PER_TOKEN_VOCAB * shape.vocab)
+    return float(logit_tokens(config, tokens) * LOGITS_BYTES_PER_TOKEN_VOCAB * shape.vocab)
 
 
 def broadcasts_from_gpu(config: RFTConfig) -> bool:

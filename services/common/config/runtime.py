@@ -75,6 +75,15 @@ class TrainerConfig(Section):
     max_checkpoints_to_keep: int | None = Field(None, ge=1)
     # Micro-batch size per device when use_dynamic_bsz is false.
     micro_batch_size_per_gpu: int = Field(8, ge=1)
+    # Tokens per chunk of the LM head when computing log-probs and entropy: each chunk's fp32 logits
+    # are made, used and recomputed in the backward pass, never all at once; 0 = all logits at once
+    # (services/trainer/chunked_logprobs.py).
+    logits_chunk_tokens: int = Field(4096, ge=0)
+    # With several ranks, reduce-scatter the gradients once per optimizer step (after the last
+    # micro-batch) instead of after every micro-batch; each rank then holds its full unsharded fp32
+    # gradients while accumulating (services/trainer/fsdp.py `accumulate`; the memory plan counts it).
+    # Unset: on where that costs little, for a LoRA adapter or on the CPU; off for a full model on GPUs.
+    defer_grad_sync: bool | None = None
     # Number of trainer processes (torchrun --nproc_per_node); 1 runs without torchrun.
     nproc: int = Field(1, ge=1)
     # Hosts the trainer spans (torchrun --nnodes), each running `nproc` ranks of one FSDP2 group; each

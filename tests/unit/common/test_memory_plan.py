@@ -411,7 +411,8 @@ def _gsm8k_recipe(tmp_path: Path) -> Path:
 
 def test_the_gsm8k_recipe_fits_80_gib_gpus_with_headroom(tmp_path, monkeypatch):
     """examples/gsm8k_grpo.yaml (Qwen2.5-1.5B, vLLM on GPU 0, the trainer on GPU 1, nccl sync with
-    sync_offset 1) on 80 GiB GPUs: gradient checkpointing and a 12288-token micro-batch budget."""
+    sync_offset 1) on 80 GiB GPUs: gradient checkpointing, a 16384-token micro-batch budget and the LM
+    head in 4096-token chunks."""
     models = _gsm8k_recipe(tmp_path)
     monkeypatch.setenv("RFT_MODELS", str(models))  # the recipe's ${oc.env:RFT_MODELS}
     config = load_config(ROOT / "examples" / "gsm8k_grpo.yaml", environ={})
@@ -419,13 +420,13 @@ def test_the_gsm8k_recipe_fits_80_gib_gpus_with_headroom(tmp_path, monkeypatch):
     plan = memory_plan(config)
     assert plan.problems() == [] and plan.notes == []
     trainer = plan.columns["GPU 1"]
-    assert trainer_plan(config, ModelShape.from_json(QWEN_15B)).tokens == 12288
+    assert trainer_plan(config, ModelShape.from_json(QWEN_15B)).tokens == 16384
     # checkpointed: each of the 28 layers keeps its bf16 input, one layer is recomputed at a time
     a = 2 * (12 * 1536 + 2 * 256 + 4 * 8960)
-    assert trainer["activations"] == 12288 * (28 * 2 * 1536 + a)
-    assert trainer["logits (LM head)"] == 12288 * 20 * 151_936
+    assert trainer["activations"] == 16384 * (28 * 2 * 1536 + a)
+    assert trainer["logits (LM head)"] == 4096 * 20 * 151_936  # one chunk
     assert trainer["weight-sync snapshot (bf16)"] == 2 * P_15B
-    assert plan.total("GPU 1") / GIB == pytest.approx(70.8, abs=0.05)
+    assert plan.total("GPU 1") / GIB == pytest.approx(48.3, abs=0.05)
     assert plan.total("GPU 0") / GIB == pytest.approx(71.0, abs=0.05)  # 0.85 x 80 + the received copy
     for gpu in plan.columns:  # headroom: at least 10% of the GPU left to what the plan leaves out
         assert plan.total(gpu) < 0.9 * 80 * GIB, gpu
@@ -435,6 +436,43 @@ def test_the_gsm8k_recipe_fits_80_gib_gpus_with_headroom(tmp_path, monkeypatch):
         env={"RFT_MODELS": str(models)},
     )  # fmt: skip
     assert checked.exit_code == 0, checked.output
-    assert "memory plan: GPU 0 71.0, GPU 1 70.8 GiB of 80.0 GiB per GPU (cluster.gpu_memory_gib): fits" in (
+    assert "memory plan: GPU 0 71.0, GPU 1 48.3 GiB of 80.0 GiB per GPU (cluster.gpu_memory_gib): fits" in (
         checked.output
     )
+
+
+def test_chunked_logits_count_one_chunk_of_logits(tmp_path):
+    path = _model(tmp_path, "q05", QWEN_05B)
+    shape = ModelShape.from_json(QWEN_05B)
+    layers = 24 * 2 * (12 * 896 + 2 * 128 + 4 * 4864)
+
+    def plan(trainer: str) -> tuple[float, float]:
+        parts = trainer_plan(_config(path, f"trainer: {{{trainer}}}\n"), shape).parts
+        return parts["activations"], parts["logits (LM head)"]
+
+    # the default chunk (4096 tokens) of a 16384-token micro-batch; 0: every token's logits at once
+    assert plan("max_token_len_per_gpu: 16384") == (16384 * layers, 4096 * 20 * 151_936)
+    assert plan("max_token_len_per_gpu: 16384, logits_chunk_tokens: 0") == (
+        16384 * layers,
+        16384 * 20 * 151_936,
+    )
+    assert plan("max_token_len_per_gpu: 1024, logits_chunk_tokens: 4096") == (
+        1024 * layers,
+        1024 * 20 * 151_936,
+    )
+
+
+def test_deferred_gradient_sync_holds_the_unsharded_gradients(tmp_path):
+    model = _model(tmp_path, "q7", QWEN_7B)
+    shape = ModelShape.from_json(QWEN_7B)
+    eight = "mode: train\ncluster: {gpu_per_node: 8}\ntrainer: {nproc: 8%s}\n"
+
+    def grads(extra: str, text: str = RUN.format(path=model)) -> float:
+        config = load_config(text=text + eight % extra, environ={})
+        return trainer_plan(config, shape).parts["gradients (fp32)"]
+
+    assert grads("") == 4 * P_7B / 8  # unset: a full model on GPUs reduces every micro-batch
+    assert grads(", defer_grad_sync: true") == 4 * P_7B / 8 + 4 * P_7B
+    lora = RUN.format(path=model).replace("768}", "768, lora_configs: [{lora_rank: 32}]}")
+    assert grads("", lora) == 4 * 80_740_352 / 8 + 4 * 80_740_352  # unset: LoRA defers, it is cheap
+    assert grads(", defer_grad_sync: false", lora) == 4 * 80_740_352 / 8
