@@ -13,7 +13,8 @@
 # deadline - a margin) as its `timeout`, or is skipped (with a line saying so) when less than half its
 # planned time is left. One summary line per step: name, ok/failed/skipped/timeout, seconds.
 #   setup          the carried wheels into .gpu-deps (pip --no-deps --no-index --target), versions
-#   ranks          gpu-marked trainer tests on cuda:0: the process group, FSDP2 gather, model memory
+#   ranks          gpu-marked trainer tests on cuda:0: the bf16 step (chunked LM head), the process group,
+#                  FSDP2 gather, model memory
 #   one_gpu_async  bench/gpu_quickstart.py, trainer + explorer on cuda:0, fully_async, in-flight updates
 #   memory_mfu     bench/trainer_step.py at the Qwen2.5-1.5B shape, micro-batches 4/8/16: MFU and
 #                  torch.cuda.max_memory_allocated against the memory plan
@@ -39,7 +40,7 @@ STEPS=(setup ranks one_gpu_async memory_mfu nccl trl)
 declare -A PLANNED=([setup]=20 [ranks]=90 [one_gpu_async]=110 [memory_mfu]=120 [nccl]=60 [trl]=70)
 declare -A CMDS=(
   [setup]="install_wheels && $VPY scripts/gpu_env_probe.py --compact"
-  [ranks]="$PYTEST tests/integration/trainer/test_trainer_process_group_cuda.py tests/integration/trainer/test_weight_gather_ranks.py tests/integration/trainer/test_trainer_model_memory_cuda.py"
+  [ranks]="$PYTEST tests/integration/trainer/test_trainer_cuda.py tests/integration/trainer/test_trainer_process_group_cuda.py tests/integration/trainer/test_weight_gather_ranks.py tests/integration/trainer/test_trainer_model_memory_cuda.py"
   [one_gpu_async]="$VPY bench/gpu_quickstart.py --grpo-steps 60 --set synchronizer.sync_style=fully_async --set explorer.inflight_weight_update=true"
   [memory_mfu]="rc=0; for m in 4 8 16; do $VPY bench/trainer_step.py --gpu --shape qwen2.5-1.5b --reps 1 --micro \$m || rc=1; done; exit \$rc"
   [nccl]="$PYTEST tests/integration/common/test_weight_sync_failures.py"
