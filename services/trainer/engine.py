@@ -6,6 +6,10 @@ step on a collated batch, checkpoint save / wait / load, and the full state dict
 in `serve_workers`) and runs the same `FSDPWorker` method itself.  Engine calls are blocking torch
 work; the core runs them in a thread, one at a time.  The `fsdp` argument only picks the wrapping
 (None: FSDP2 with several ranks or on CUDA, the plain module in one CPU process; `fsdp.uses_fsdp`).
+Every command that issues collectives on the training device runs under that device's
+`issuing_collectives` lock (`services.common.collective_lock`), so a weight-sync broadcast sent from
+another thread never has collectives in flight beside the step's (`wait_for_save` only waits for
+disk writes and takes no lock).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from services.common.collective_lock import issuing_collectives
 from services.trainer.collate import StepBatch
 from services.trainer.distributed import CommandChannel, DistInfo, leave_process_group
 from services.trainer.settings import TrainerSettings
@@ -80,6 +85,11 @@ class FSDPEngine:
             },
         )
 
+    def _run(self, name: str, payload: Any = None) -> Any:
+        """`channel.run` with the training device's collectives to itself (see the module docstring)."""
+        with issuing_collectives(self.info.device):
+            return self.channel.run(name, payload)
+
     @property
     def world_size(self) -> int:
         return self.info.world_size
@@ -89,11 +99,11 @@ class FSDPEngine:
         return self.worker.pad_token_id
 
     def train_step(self, step: StepBatch) -> dict[str, float]:
-        return self.channel.run("train_step", step)
+        return self._run("train_step", step)
 
     def save_checkpoint(self, step: int, trainer_state: dict[str, Any], save_as_hf: bool, block: bool) -> str:
         request = {"step": step, "trainer_state": trainer_state, "save_as_hf": save_as_hf, "block": block}
-        return self.channel.run("save_checkpoint", request)
+        return self._run("save_checkpoint", request)
 
     def wait_for_save(self) -> None:
         self.channel.run("wait_for_save")
@@ -102,7 +112,7 @@ class FSDPEngine:
         return self.worker.checkpoints.durable_step
 
     def load_checkpoint(self, folder: str) -> dict[str, Any]:
-        return self.channel.run("load_checkpoint", folder)
+        return self._run("load_checkpoint", folder)
 
     def iter_state_dict(self, kind: str = "full") -> Iterator[tuple[str, torch.Tensor]]:
         if kind == "adapter" and self.worker.settings.lora is None:  # checked before any collective
@@ -110,7 +120,7 @@ class FSDPEngine:
                 "synchronizer.sync_method sends only a LoRA adapter, but model.lora_configs is empty; "
                 "set lora_configs or use a method that sends the whole model (e.g. memory)"
             )
-        yield from self.channel.run("gather_state_dict", kind).items()
+        yield from self._run("gather_state_dict", kind).items()
 
     def serve_workers(self) -> None:
         """Ranks > 0: execute rank 0's commands until it closes the engine."""

@@ -18,8 +18,12 @@
   the snapshot right after step k and sends it while step k+1 trains.
   With `digest=True` the result carries `weights_digest` of what was sent (bit-exactness checks).
 
-All engine work (the gather) is serialised with the core's lock, so a gather never overlaps a step;
-sending a snapshot may (it reads private copies).
+All engine work (the gather) is serialised with the core's lock, so a gather never overlaps a step.
+Sending a snapshot runs beside the next step (it reads private copies), but its collectives never
+run beside the step's: the engine call and the broadcast send each hold the device's
+`issuing_collectives` lock (`services.common.collective_lock`; NCCL may deadlock when two threads
+issue collectives of two communicators on one GPU), so on the device the send waits for the step's
+collectives or the step for the send's, while the explorers' receive and generation overlap the step.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ One `send` is, in order:
    and a receiver posts bucket k+1 before handing out the tensors of bucket k (double buffering);
 3. an all-reduce(MIN) acknowledgement: each receiver says whether it consumed every tensor, so the
    sender returns only after all receivers hold the whole version, and learns if one failed.
+The whole send holds its device's `issuing_collectives` lock (`services.common.collective_lock`): on
+trainer rank 0 it never runs beside the training step's collectives, which another thread issues.
 
 When every member is on one host (the group's address is a loopback one) and the tensors are on the
 CPU, step 2 goes through shared memory instead: the sender packs every bucket into one file under
@@ -44,6 +46,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from services.common.collective_lock import issuing_collectives
 from services.common.weight_sync.buckets import Bucket, pack, plan_buckets, unpack
 from services.common.weight_sync.errors import GroupBrokenError, WeightSyncError
 from services.common.weight_sync.group import Connection, GroupInfo
@@ -199,6 +202,12 @@ class BroadcastGroup:
         are ignored, missing ones or a dtype/shape mismatch abort the send (receivers raise too)."""
         if self.rank != 0:
             raise WeightSyncError(f"rank {self.rank} cannot send; only rank 0 broadcasts")
+        with issuing_collectives(self._conn.device):  # never beside another group's (collective_lock)
+            return self._send(version, named_tensors)
+
+    def _send(
+        self, version: int, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
+    ) -> SendStats:
         start = time.perf_counter()
         self._conn.abandon.clear()
         table = dict(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)

@@ -46,6 +46,9 @@ so that every failure ends in `GroupBrokenError` within `timeout_s` instead:
   abort the communicator, never the process) around this group's construction only, unless the
   environment sets it, and the watchdog's own timeout is set well beyond `timeout_s` so that this
   module's wait acts first. The trainer's FSDP group keeps torch's defaults.
+- The connecting all-reduce runs under the device's `issuing_collectives` lock
+  (`services.common.collective_lock`): on trainer rank 0 no FSDP collective of the trainer's own
+  group is in flight on the GPU while the new communicator is built and first used.
 Seen on one H200 (torch 2.11+cu130, NCCL 2.28.9): a receiver that registers and exits makes rank 0's
 join raise after about `timeout_s` ("NCCL timeout" of the non-blocking init), and the process is
 still alive and usable after the watchdog's timeout has passed; two members on one GPU fail at once.
@@ -65,6 +68,7 @@ import torch
 import torch.distributed as dist
 from rft.v1 import common_pb2
 
+from services.common.collective_lock import issuing_collectives
 from services.common.weight_sync.errors import GroupBrokenError, StaleGenerationError, WeightSyncError
 from services.common.weight_sync.specs import TensorSpec, specs_from_proto, specs_to_proto
 
@@ -315,18 +319,19 @@ def _nccl_group(store, rank: int, info: GroupInfo, dev: torch.device, deadline: 
             outcome.append(exc)
 
     thread = threading.Thread(target=connect, name=f"{info.group_name}-nccl-connect", daemon=True)
-    thread.start()
-    thread.join(max(0.0, deadline - time.monotonic()) + 1.0)
-    if outcome and outcome[0] is None:
-        return pg
-    _abort(pg)
-    if not outcome:
-        reason = f"the NCCL communicator was not built within {info.timeout_s:g}s (a member died or stalled)"
-    else:
-        reason = f"connecting NCCL failed: {outcome[0]}"
-        if "duplicate gpu" in reason.lower():
-            reason += f"; {SAME_DEVICE_ADVICE}"
-    raise GroupBrokenError(f"rank {rank} could not join {where}: {reason}")
+    with issuing_collectives(dev):  # no other group's collectives on this GPU meanwhile (collective_lock)
+        thread.start()
+        thread.join(max(0.0, deadline - time.monotonic()) + 1.0)
+        if not (outcome and outcome[0] is None):
+            _abort(pg)
+            if not outcome:
+                reason = f"the NCCL communicator was not built within {info.timeout_s:g}s (a member died or stalled)"
+            else:
+                reason = f"connecting NCCL failed: {outcome[0]}"
+                if "duplicate gpu" in reason.lower():
+                    reason += f"; {SAME_DEVICE_ADVICE}"
+            raise GroupBrokenError(f"rank {rank} could not join {where}: {reason}")
+    return pg
 
 
 def _where(info: GroupInfo) -> str:
