@@ -127,6 +127,7 @@ def config_show(file: Path, set_: SetOpt = None, plugin_dir: PluginOpt = None) -
             "shared": r.shared_gpu,
         },
         "rollout_gpu_memory_utilization": r.rollout_gpu_memory_utilization,
+        "trainer_gpu_memory_fraction": r.trainer_gpu_memory_fraction,
         "weight_sync_backend": r.weight_sync_backend,
         "job_dir": str(r.job_dir),
         "explorer_run_name": r.explorer_run_name,

@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from services.common.config import RFTConfig, resolve, validate_tree
-from services.common.config.loader import ENV_OVERRIDES, stage_tree
+from services.common.config.loader import ENV_OVERRIDES, dump_tree, stage_tree
 from services.common.config.services import SERVICE_NAMES
 
 # (first wave, second wave): the first wave must be healthy before the second starts
@@ -51,7 +51,7 @@ class Stage:
 
 
 def _stage_trees(config: RFTConfig) -> list[tuple[str, dict[str, Any]]]:
-    base = config.model_dump(mode="json")
+    base = dump_tree(config)  # the keys resolved.py derives when unset stay unset
     if not config.stages:
         return [("", base)]
     return [
@@ -68,7 +68,7 @@ def plan_stages(config: RFTConfig) -> list[Stage]:
 
 def effective_tree(stage: Stage, model_path: str | None, multi_stage: bool) -> dict[str, Any]:
     """The config every process of `stage` reads."""
-    tree = stage.config.model_dump(mode="json")
+    tree = dump_tree(stage.config)
     tree["stages"] = []
     if model_path:
         tree["model"]["model_path"] = model_path

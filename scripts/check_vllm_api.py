@@ -13,7 +13,8 @@ extension, the extension's names against vLLM's CUDA worker (vLLM asserts they d
 Beyond names, behaviour rules (vllm_api_rules.py, each resting on a premise about vLLM's source that is
 checked too): `SamplingParams` with n > 1 asks for FINAL_ONLY outputs; `collective_rpc` arguments are
 plain values (msgpack keeps them); `logprobs_mode` is the trainer's definition; sleep mode is used when
-enabled; the worker extension loads weights with vLLM's post-load processing or refuses quantized models.
+enabled; the worker extension loads weights with vLLM's post-load processing or refuses quantized models;
+every `VLLM_*` environment variable we name is one vLLM reads (vllm/envs.py; the V1 model runner pin).
 
 Usage: python scripts/check_vllm_api.py [--wheel PATH] [--cache DIR] [FILE ...]
 Exit status: 0 no mismatch, 1 mismatches (each `file:line: vLLM symbol: what is missing`), 2 no wheel.
@@ -40,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from vllm_api_index import VllmIndex
 from vllm_api_rules import (  # noqa: E402
     check_call_rules,
+    check_env_names,
     check_post_load,
     check_premises,
     check_rpc_payloads,
@@ -221,6 +223,7 @@ def check_files(idx: VllmIndex, files: list[Path], root: Path = ROOT) -> Report:
                 rep.ok(path, line, f"collective_rpc({method!r}) -> {sig.qual}, {len(call.args)} argument(s)")
     for m in mods:
         check_rpc_payloads(rep, m.path, m.tree, root)
+        check_env_names(idx, rep, m.path, m.tree)
         for c in m.classes.values():
             if c.extension:
                 check_post_load(rep, m.path, c.node)

@@ -16,11 +16,17 @@ silently voiding the rule. The rules on our code:
 5. The worker extension loads weights with vLLM's post-load processing: `self.reload_weights(...)` (not
    with `is_checkpoint_format=False`), or a direct `model.load_weights` only after a method of the
    extension that checks `self.model_config.quantization` and raises (quantized models refused).
+6. Every `VLLM_*` environment variable our modules name (the string, e.g. in `os.environ.setdefault`) is
+   one vLLM reads: a key of `environment_variables` in vllm/envs.py. Among them `V1_RUNNER_ENV`, which
+   the engine sets to 0 on a GPU: vLLM 0.33 defaults to Model Runner V2, and the premises of rule 3
+   (the sampler's processed log-probs) are those of the V1 runner.
 """
 
 from __future__ import annotations
 
 import ast
+import difflib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +42,8 @@ PLAIN_TYPES = {"int", "str", "bytes", "float", "bool", "None"}
 PLAIN_CONTAINERS = {"list", "tuple", "dict", "List", "Tuple", "Dict", "Sequence", "Mapping"}
 PLAIN_CALLS = {"int", "str", "bytes", "float", "bool", "len"}
 SERIAL = "vllm/v1/serial_utils.py MsgpackDecoder.dec_hook"
+ENVS_FILE = "vllm/envs.py"
+V1_RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"  # 0: the V1 model runner (vllm/config/vllm.py)
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,16 @@ PREMISES = (
         ('logprobs_mode == "processed_logprobs"', "self.apply_temperature(", "self.topk_topp_sampler("),
         "rule 3: processed log-probs are taken after temperature, top-k and top-p",
     ),
+    Premise(
+        "vllm/config/vllm.py",
+        "VllmConfig.use_v2_model_runner",
+        (
+            "use_v2_model_runner = envs.VLLM_USE_V2_MODEL_RUNNER",
+            "if use_v2_model_runner is not None:",
+            "return use_v2_model_runner",
+        ),
+        f"rule 6: {V1_RUNNER_ENV}=0 picks the V1 model runner over the default",
+    ),  # fmt: skip
     Premise(
         "vllm/v1/engine/async_llm.py",
         "AsyncLLM.sleep",
@@ -438,3 +456,42 @@ def _refuses_quantized(fn) -> bool:
         for n in ast.walk(fn)
     )
     return reads and any(isinstance(n, ast.Raise) for n in ast.walk(fn))
+
+
+# -- rule 6: the environment variables we name are vLLM's
+def vllm_env_names(idx) -> set[str]:
+    """The keys of `environment_variables` in vllm/envs.py (empty when the wheel has none)."""
+    if ENVS_FILE not in idx.files:
+        return set()
+    for node in ast.parse(idx.zip.read(ENVS_FILE).decode()).body:
+        target = (
+            node.target
+            if isinstance(node, ast.AnnAssign)
+            else (node.targets[0] if isinstance(node, ast.Assign) else None)
+        )
+        if (
+            isinstance(target, ast.Name)
+            and target.id == "environment_variables"
+            and isinstance(node.value, ast.Dict)
+        ):
+            return {
+                k.value for k in node.value.keys if isinstance(k, ast.Constant) and isinstance(k.value, str)
+            }
+    return set()
+
+
+def check_env_names(idx, rep, path: str, tree: ast.Module) -> None:
+    """Rule 6: each `VLLM_*` string in our module is an environment variable vLLM reads."""
+    names: set[str] | None = None
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Constant) and isinstance(node.value, str)):
+            continue
+        if not re.fullmatch(r"VLLM_[A-Z0-9_]+", node.value):
+            continue
+        names = vllm_env_names(idx) if names is None else names
+        if node.value in names:
+            rep.ok(path, node.lineno, f"environment variable {node.value} ({ENVS_FILE})")
+        else:
+            close = difflib.get_close_matches(node.value, sorted(names), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            rep.bad(path, node.lineno, "vllm.envs", f"no environment variable {node.value!r}{hint}")

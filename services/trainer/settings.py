@@ -132,6 +132,10 @@ class TrainerSettings:
     # trainer.defer_grad_sync: several ranks reduce gradients once per optimizer step (fsdp.accumulate);
     # None: only where the unsharded gradients cost little (`defers_grad_sync`)
     defer_grad_sync: bool | None = None
+    # on a GPU shared with the rollout engine (one-GPU mode): the trainer's cap on its CUDA allocator,
+    # 1 - the engine's share - a margin (resolved.py `trainer_gpu_memory_fraction`), and its cache is
+    # emptied after each step and weight gather so the engine can wake; None on a GPU of its own
+    cuda_memory_fraction: float | None = None
     # veRL's fsdp_config offload switches (services/trainer/worker.py; no-ops in a plain CPU process)
     param_offload: bool = False
     optimizer_offload: bool = False
@@ -270,6 +274,7 @@ class TrainerSettings:
             ),
             logits_chunk_tokens=tr.logits_chunk_tokens,
             defer_grad_sync=tr.defer_grad_sync,
+            cuda_memory_fraction=res.trainer_gpu_memory_fraction,
             param_offload=bool(extra.get("actor_rollout_ref.actor.fsdp_config.param_offload", False)),
             optimizer_offload=bool(extra.get("actor_rollout_ref.actor.fsdp_config.optimizer_offload", False)),
             ref_param_offload=bool(extra.get("actor_rollout_ref.ref.fsdp_config.param_offload", False)),

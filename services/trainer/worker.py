@@ -17,6 +17,9 @@ skeleton and receives its shards of the weights rank 0 loaded on the CPU.  The r
 bf16 on CUDA (it is never trained, so it needs no fp32 master).  veRL's `fsdp_config` offload keys
 (`TrainerSettings.param_offload`, `optimizer_offload`, `ref_param_offload`) keep the sharded
 parameters (FSDP2 `CPUOffloadPolicy`) or the actor's optimizer state (between updates) on the CPU.
+On a GPU shared with the rollout engine (`TrainerSettings.cuda_memory_fraction`) the rank caps its
+CUDA allocator at its share and empties its cache after each step and weight gather, so the engine
+beside it can wake.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from services.common.gpu_memory import cap_cuda_memory, release_cuda_cache
 from services.common.modeling import load_tokenizer
 from services.trainer.actor import Actor
 from services.trainer.advantage_stage import shape_rewards_and_advantages
@@ -76,6 +80,8 @@ class FSDPWorker:
         self.info = info
         self.fsdp = uses_fsdp(info) if fsdp is None else fsdp
         torch.manual_seed(settings.seed)
+        if settings.cuda_memory_fraction is not None:  # a GPU shared with the rollout engine
+            cap_cuda_memory(info.device, settings.cuda_memory_fraction)
         dtype = "float32"  # master weights; bf16 compute on CUDA comes from the FSDP2 policy
         self.tokenizer = load_tokenizer(settings.model_path)
         self.pad_token_id = int(self.tokenizer.pad_token_id or 0)
@@ -206,7 +212,14 @@ class FSDPWorker:
         }
         if self.ref is not None or s.preset.use_kl_in_reward:
             metrics["actor/reward_kl_penalty_coeff"] = self.kl_ctrl.value
+        self._release_shared_gpu()
         return metrics
+
+    def _release_shared_gpu(self) -> None:
+        """On a GPU shared with the rollout engine, hand the allocator's cached blocks back, so the
+        engine can wake (vLLM's sleep mode) and load weights in them; nothing on a GPU of its own."""
+        if self.settings.cuda_memory_fraction is not None:
+            release_cuda_cache(self.info.device)
 
     # ---- checkpoints ------------------------------------------------------------------------------
     def roles(self) -> list[Role]:
@@ -266,10 +279,15 @@ class FSDPWorker:
         what, on_device = wg.parse_kind(kind)  # "full@device": left on the GPU for the nccl method
         dtype = wg.compute_dtype(self.policy)  # the wire dtype: bf16 on CUDA, as trained on CPU
         if self.settings.lora is None:
-            return full_state_dict(self.policy, dtype, None if on_device else "cpu")
-        state = full_state_dict(self.policy)  # the merge reads fp32 A, B and W; cast after it
-        if not state:
-            return state
-        if what == wg.ADAPTER:
-            return adapter_state_dict(self.policy, state)
-        return wg.cast_state(merged_state_dict(self.policy, state), dtype)
+            out = full_state_dict(self.policy, dtype, None if on_device else "cpu")
+        else:
+            state = full_state_dict(self.policy)  # the merge reads fp32 A, B and W; cast after it
+            if not state:
+                out = state
+            elif what == wg.ADAPTER:
+                out = adapter_state_dict(self.policy, state)
+            else:
+                out = wg.cast_state(merged_state_dict(self.policy, state), dtype)
+        if not on_device:  # the gather's device buffers, back before the engine loads the weights
+            self._release_shared_gpu()
+        return out

@@ -13,7 +13,8 @@ one engine (tensor_parallel_size 1, no local auxiliary model) and trainer.nproc 
 both, the trainer and the explorer share GPU 0 and the placement says so (`shared`). Every other
 misfit is refused. A shared device changes how weights move (resolved.py `weight_sync_backend`: never
 an NCCL group between two processes of one device) and bounds the rollout engine's memory
-(resolved.py `rollout_gpu_memory_utilization`, memory_plan.py).
+(resolved.py `rollout_gpu_memory_utilization`, memory_plan.py) and the trainer's (the rest, less
+SHARED_GPU_MARGIN: resolved.py `trainer_gpu_memory_fraction`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,12 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from services.common.config.explorer import ExplorerConfig, InferenceModelConfig
     from services.common.config.root import RFTConfig
+
+
+# Share of a shared GPU neither process's allocator may take: the two CUDA contexts, and the room
+# vLLM's start-up check wants (its whole share free). The trainer caps itself at
+# 1 - engine share - this (resolved.py `trainer_gpu_memory_fraction`).
+SHARED_GPU_MARGIN = 0.05
 
 
 class GpuPlacementError(ValueError):
@@ -131,6 +138,19 @@ def weight_sync_backend(requested: str, shared: bool) -> str:
     if shared and requested == "auto":
         return "gloo"
     return requested
+
+
+def shared_share_problem(share: float, shared: bool) -> str | None:
+    """Why an engine's memory share leaves the trainer beside it on one GPU nothing (the trainer caps
+    itself at 1 - share - SHARED_GPU_MARGIN, resolved.py); None when it does not."""
+    if shared and share >= 1.0 - SHARED_GPU_MARGIN:
+        return (
+            f"{share}, but the trainer shares this GPU (cluster.gpu_per_node 1) and caps itself at "
+            f"1 - {share} - {SHARED_GPU_MARGIN} of it, which leaves it nothing; set it below "
+            f"{1.0 - SHARED_GPU_MARGIN:.2f} (unset: 0.3 on a shared GPU), or give the explorer its own GPU "
+            "(cluster.gpu_per_node: 2)"
+        )
+    return None
 
 
 def same_device_problem(requested: str, shared: bool) -> str | None:

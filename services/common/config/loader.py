@@ -137,6 +137,29 @@ def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]
     return out
 
 
+# Keys whose being unset means something (resolved.py derives them: on a GPU shared with the trainer
+# the engine's share is 0.3 and vLLM sleeps): a dumped tree leaves them out unless the config set them,
+# so the config every process of `rft run` reads resolves as the user's does.
+DERIVED_WHEN_UNSET = (
+    ("explorer", "rollout_model", "gpu_memory_utilization"),
+    ("explorer", "rollout_model", "enable_sleep_mode"),
+)
+
+
+def dump_tree(config: RFTConfig) -> dict[str, Any]:
+    """`config` as a JSON tree that loads back to the same resolved config (`DERIVED_WHEN_UNSET` keys
+    left out where unset)."""
+    tree = config.model_dump(mode="json")
+    for path in DERIVED_WHEN_UNSET:
+        owner: Any = config
+        sub = tree
+        for key in path[:-1]:
+            owner, sub = getattr(owner, key), sub[key]
+        if path[-1] not in owner.model_fields_set:
+            sub.pop(path[-1], None)
+    return tree
+
+
 def stage_tree(base: dict[str, Any], stage: Mapping[str, Any]) -> dict[str, Any]:
     """The full config tree of one stage: the base with the stage's sections merged over it."""
     tree = {k: v for k, v in base.items() if k != "stages"}
@@ -157,7 +180,7 @@ def _checks(config: RFTConfig, samples: bool = True) -> list[Problem]:
 
 def stage_configs(config: RFTConfig) -> list[tuple[str, RFTConfig]]:
     """(`stages[i]`, the full config of stage i) for each stage of a validated config."""
-    tree = config.model_dump(mode="json")
+    tree = dump_tree(config)
     return [
         (f"stages[{i}]", RFTConfig.model_validate(stage_tree(tree, stage.model_dump(exclude_none=True))))
         for i, stage in enumerate(config.stages)

@@ -367,13 +367,18 @@ class MemoryPlan:
     placed: bool = True
     shared: bool = False
     rollout_cap_bytes: float | None = None  # hf engine's CUDA allocator cap (gpu_memory_utilization)
+    # on a shared GPU: the trainer's allocator cap (resolved.py trainer_gpu_memory_fraction) and what it
+    # allocates there (its parts less its margin, which is outside the allocator)
+    trainer_cap_bytes: float | None = None
+    trainer_need_bytes: float = 0.0
     capacity_from: str = "cluster.gpu_memory_gib"
 
     def total(self, column: str) -> float:
         return sum(self.columns[column].values())
 
     def problems(self) -> list[str]:
-        """One line per GPU over capacity (and an hf engine over its own cap), with the fixes."""
+        """One line per GPU over capacity (and an hf engine over its own cap, and a trainer over its own
+        on a shared GPU that fits), with the fixes."""
         out = []
         cap = self.capacity_bytes
         for name, parts in self.columns.items():
@@ -401,6 +406,18 @@ class MemoryPlan:
                     f"{self.rollout_cap_bytes / GIB:.1f} GiB (explorer.rollout_model.gpu_memory_utilization); "
                     "raise it, or lower explorer.rollout_model.micro_batch_size or model.max_model_len"
                 )
+        over = bool(out)  # a GPU over capacity already names the trainer's fixes
+        if (
+            not over
+            and self.trainer_cap_bytes is not None
+            and self.trainer_need_bytes > self.trainer_cap_bytes
+        ):
+            out.append(
+                f"the trainer needs about {self.trainer_need_bytes / GIB:.1f} GiB but caps itself at "
+                f"{self.trainer_cap_bytes / GIB:.1f} GiB on the GPU it shares (1 - "
+                "explorer.rollout_model.gpu_memory_utilization - 0.05); lower that share"
+                + (f", or use {'; '.join(self.fixes)}" if self.fixes else "")
+            )
         return out
 
     def table(self) -> str:
@@ -486,6 +503,10 @@ def memory_plan(
     plan.columns = {f"GPU {g}": gpus[g] for g in sorted(gpus)}
     if rollout.engine_type == "hf" and fraction is not None and has_explorer:
         plan.rollout_cap_bytes = fraction * cap
+    trainer_fraction = resolve(config).trainer_gpu_memory_fraction
+    if placement.shared and has_trainer and trainer_fraction is not None:
+        plan.trainer_cap_bytes = trainer_fraction * cap
+        plan.trainer_need_bytes = sum(v for k, v in trainer.items() if k != "margin")
     if any(m.model_path and not m.api_base for m in config.explorer.auxiliary_models):
         plan.notes.append("auxiliary models on the explorer's GPUs are not planned")
     return plan

@@ -12,7 +12,13 @@ from typing import Any
 from services.common.config.buffer import RolloutArgs, TasksetConfig
 from services.common.config.errors import Problem
 from services.common.config.explorer import InferenceModelConfig
-from services.common.config.gpus import GpuPlacement, gpu_demand, place_gpus, weight_sync_backend
+from services.common.config.gpus import (
+    SHARED_GPU_MARGIN,
+    GpuPlacement,
+    gpu_demand,
+    place_gpus,
+    weight_sync_backend,
+)
 from services.common.config.root import RFTConfig
 from services.common.sampling import SamplingParams
 from services.common.sync_policy import SyncPlan
@@ -122,6 +128,15 @@ class Resolved:
         if self.shared_gpu:
             return SHARED_GPU_ROLLOUT_MEMORY
         return r.gpu_memory_utilization if r.engine_type == "vllm" else None
+
+    @property
+    def trainer_gpu_memory_fraction(self) -> float | None:
+        """The trainer's cap on a GPU it shares with the rollout engine: 1 - the engine's share
+        (`rollout_gpu_memory_utilization`) - SHARED_GPU_MARGIN; None (no cap) on a GPU of its own."""
+        share = self.rollout_gpu_memory_utilization
+        if not self.shared_gpu or share is None:
+            return None
+        return round(1.0 - share - SHARED_GPU_MARGIN, 6)
 
     @property
     def weight_sync_backend(self) -> str:

@@ -10,7 +10,7 @@ from services.common.config.algorithm import AlgorithmConfig
 from services.common.config.base import Section
 from services.common.config.buffer import BufferConfig
 from services.common.config.explorer import ExplorerConfig
-from services.common.config.gpus import gpu_demand, place_gpus, same_device_problem
+from services.common.config.gpus import gpu_demand, place_gpus, same_device_problem, shared_share_problem
 from services.common.config.model import ClusterConfig, ModelConfig
 from services.common.config.runtime import LogConfig, MonitorConfig, SynchronizerConfig, TrainerConfig
 from services.common.config.services import ServicesConfig
@@ -72,11 +72,17 @@ class RFTConfig(Section):
     def _gpus_fit(self) -> RFTConfig:
         """The explorer's engines and the trainer's ranks fit the cluster's GPUs (Trinity-RFT's split);
         `rft run` checks again with its number of explorers. On one shared GPU, weights never go
-        through NCCL between the two processes (gpus.py `same_device_problem`)."""
+        through NCCL between the two processes (gpus.py `same_device_problem`), and the engine's memory
+        share leaves the trainer some (`shared_share_problem`)."""
         placement = place_gpus(
             self.cluster.node_num * self.cluster.gpu_per_node, gpu_demand(self), mode=self.mode
         )
         problem = same_device_problem(self.synchronizer.group_backend, placement.shared)
         if problem:
             raise ValueError(f"synchronizer.group_backend is {problem}")
+        rollout = self.explorer.rollout_model
+        if "gpu_memory_utilization" in rollout.model_fields_set:
+            problem = shared_share_problem(rollout.gpu_memory_utilization, placement.shared)
+            if problem:
+                raise ValueError(f"explorer.rollout_model.gpu_memory_utilization is {problem}")
         return self

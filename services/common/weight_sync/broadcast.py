@@ -17,7 +17,9 @@ receiver reads its views straight from the mapped file. One copy in, one copy ou
 receivers in parallel, instead of one TCP transfer per receiver. The header says which way a send
 goes, so members never disagree; the acknowledgement keeps the sender from overwriting the file
 before every receiver is done with it. The sender removes the file when the group closes or its
-process exits (a killed sender leaves it behind). `RFT_WEIGHT_SYNC_SHM=0` turns this off.
+process exits (a killed sender leaves it behind). Any size goes this way that /dev/shm has room for
+(its free space against the file plus a margin, `shm_shortfall`); where it has not, the send goes over
+the network broadcast and the sender logs why once. `RFT_WEIGHT_SYNC_SHM=0` turns this off.
 
 The sender takes each tensor where it is: the trainer's gather (`services/trainer/weight_gather.py`)
 leaves the weights on its GPU in the training dtype, so on nccl they are packed into the GPU bucket
@@ -40,13 +42,14 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from services.common.collective_lock import issuing_collectives
+from services.common.log import get_logger
 from services.common.weight_sync.buckets import Bucket, pack, plan_buckets, unpack
 from services.common.weight_sync.errors import GroupBrokenError, WeightSyncError
 from services.common.weight_sync.group import Connection, GroupInfo
@@ -55,8 +58,35 @@ from services.common.weight_sync.specs import TensorSpec, fingerprint
 _MAGIC = 0x5246544D  # "RFTM"
 _OK, _ABORT = 1, 0
 _SHM_DIR = "/dev/shm"
-_SHM_MAX_BYTES = 1 << 30  # larger models use the network broadcast (tmpfs is RAM)
 _ALIGN = 64
+_shm_fallback_logged = False  # the reason /dev/shm could not hold a send is logged once per process
+
+log = get_logger("weight_sync.broadcast")
+
+
+def shm_margin(payload: int) -> int:
+    """Room left free beside a payload in /dev/shm (tmpfs is RAM others use): 1/16 of it + 16 MiB."""
+    return payload // 16 + (16 << 20)
+
+
+def shm_shortfall(
+    payload: int, statvfs: Callable[[str], os.statvfs_result] = os.statvfs, path: str = _SHM_DIR
+) -> str | None:
+    """Why `path` (a tmpfs) cannot hold `payload` bytes plus `shm_margin`; None when it can. `statvfs`
+    is `os.statvfs` (a stand-in in tests)."""
+    try:
+        st = statvfs(path)
+    except OSError as e:
+        return f"{path} cannot be read ({e})"
+    free = st.f_bavail * st.f_frsize
+    need = payload + shm_margin(payload)
+    if free < need:
+        return (
+            f"{path} has {free / 2**30:.2f} GiB free, a send needs {need / 2**30:.2f} GiB "
+            f"({payload / 2**30:.2f} GiB of weights + margin); give the container more shared memory "
+            "(docker --shm-size, a memory-backed emptyDir on /dev/shm in Kubernetes)"
+        )
+    return None
 
 
 def _loopback(address: str) -> bool:
@@ -148,14 +178,24 @@ class BroadcastGroup:
 
     # ---- shared memory -------------------------------------------------------------------------
     def _shm_usable(self) -> bool:
-        """Sender's choice for one send: same host, CPU tensors, a model that fits."""
-        return (
+        """Sender's choice for one send: same host, CPU tensors, and a /dev/shm that holds the model
+        (its file, once made, holds its room; else the free space is checked, `shm_shortfall`)."""
+        global _shm_fallback_logged
+        if not (
             os.environ.get("RFT_WEIGHT_SYNC_SHM", "1") != "0"
             and self._conn.device.type == "cpu"
             and _loopback(self.info.master_address)
-            and 0 < self._shm_bytes <= _SHM_MAX_BYTES
+            and self._shm_bytes > 0
             and os.path.isdir(_SHM_DIR)
-        )
+        ):
+            return False
+        if self._shm is not None:
+            return True
+        why = shm_shortfall(self._shm_bytes)
+        if why is not None and not _shm_fallback_logged:
+            _shm_fallback_logged = True
+            log.warning("weight sync over the network broadcast, not /dev/shm", reason=why)
+        return why is None
 
     def _region(self) -> torch.Tensor:
         """The mapped file (created by the sender on first use, sized for every bucket)."""

@@ -13,7 +13,8 @@ copy of the weights beside the model).
 Device: the explorer's placement (`device`), else cuda when CUDA is available, else CPU. Memory: on
 CUDA, with `gpu_memory_utilization` set (in the config, or by the placement on a GPU shared with the
 trainer: resolved.py `rollout_model`), this process's CUDA allocator is capped at that share of the
-device (`torch.cuda.set_per_process_memory_fraction`), so the trainer beside it keeps the rest.
+device (`torch.cuda.set_per_process_memory_fraction`, services/common/gpu_memory.py), so the
+trainer beside it keeps the rest.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 import torch
 
 from services.common.config import InferenceModelConfig
+from services.common.gpu_memory import cap_cuda_memory
 from services.common.modeling import load_model, load_tokenizer, resolve_dtype
 from services.common.weight_sync import load_weights
 from services.explorer.engines.base import GenerationOutput, SamplingParams, per_prompt_params
@@ -352,14 +354,3 @@ def _regroup(outputs: list[GenerationOutput], counts: list[int]) -> list[list[Ge
         grouped.append(outputs[start : start + n])
         start += n
     return grouped
-
-
-def cap_cuda_memory(device: str, fraction: float) -> bool:
-    """Cap this process's CUDA allocator on `device` at `fraction` of its memory; False (nothing done)
-    on a CPU device."""
-    dev = torch.device(device)
-    if dev.type != "cuda":
-        return False
-    index = dev.index if dev.index is not None else torch.cuda.current_device()
-    torch.cuda.set_per_process_memory_fraction(fraction, index)
-    return True

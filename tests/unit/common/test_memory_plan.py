@@ -117,6 +117,8 @@ def test_qwen_05b_trainer_and_hf_engine_on_one_shared_gpu(tmp_path):
     assert plan.total("GPU 0") / GIB == pytest.approx(23.5, abs=0.05)
     assert plan.problems() == []
     assert plan.rollout_cap_bytes == 0.3 * 80 * GIB
+    assert plan.trainer_cap_bytes == pytest.approx(0.65 * 80 * GIB)  # 1 - 0.3 - the 0.05 margin
+    assert plan.trainer_need_bytes == trainer.total - MARGIN  # the margin is outside the allocator
 
 
 def test_gradient_checkpointing_keeps_one_layer_and_the_layer_inputs(tmp_path):
@@ -200,6 +202,15 @@ def test_the_7b_fits_with_lora_and_checkpointing_or_with_8_ranks(tmp_path):
     assert parts["parameters (fp32)"] == 4 * (P_7B + t) and parts["optimizer (AdamW fp32)"] == 8 * t
     assert "reference (bf16)" not in parts  # with LoRA the reference is the policy, adapters off
     assert plan.problems() == [] and plan.total("GPU 0") / GIB == pytest.approx(72.1, abs=0.1)
+    # a larger engine share leaves the trainer's allocator too little though the GPU's total fits
+    greedy = load_config(
+        text=RUN.format(path=model).replace("768}", "768, lora_configs: [{lora_rank: 32}]}")
+        + "cluster: {gpu_per_node: 1}\nexplorer: {rollout_model: {gpu_memory_utilization: 0.4}}\n"
+        + "trainer: {trainer_config: {actor_rollout_ref: {model: {enable_gradient_checkpointing: true}}}}\n",
+        environ={},
+    )
+    (problem,) = memory_plan(greedy).problems()
+    assert problem.startswith("the trainer needs about 50.4 GiB but caps itself at 44.0 GiB"), problem
     eight = memory_plan(_config(model, "cluster: {node_num: 2, gpu_per_node: 8}\ntrainer: {nproc: 8}\n"))
     assert list(eight.columns) == [f"GPU {g}" for g in range(9)]  # explorer on 0, 8 trainer ranks
     assert eight.problems() == []

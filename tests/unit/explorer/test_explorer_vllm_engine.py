@@ -24,3 +24,16 @@ def test_worker_extension_imports_without_vllm():
     from services.explorer.engines.vllm_worker import WeightSyncExtension
 
     assert hasattr(WeightSyncExtension, "rft_join_group") and hasattr(WeightSyncExtension, "rft_receive")
+
+
+def test_on_a_gpu_the_v1_model_runner_is_pinned_unless_the_user_chose(monkeypatch):
+    import os
+
+    from services.explorer.engines.vllm import gpu_environment
+
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    gpu_environment()
+    assert os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")  # a user opts in to Model Runner V2
+    gpu_environment()
+    assert os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "1"

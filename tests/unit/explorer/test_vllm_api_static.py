@@ -80,6 +80,8 @@ def test_engine_matches_the_pinned_vllm(index):
         "AsyncLLM.sleep(level=...)",
         "AsyncLLM.wake_up",
         "reload_weights(...): vLLM's post-load processing runs",
+        "environment variable VLLM_USE_V2_MODEL_RUNNER (vllm/envs.py)",  # the V1 runner pinned on a GPU
+        "environment variable VLLM_CPU_KVCACHE_SPACE (vllm/envs.py)",
     ):
         assert use in checked, f"{use} was not checked:\n{checked}"
     assert checked.count(": premise ") == len(rules.PREMISES)
@@ -124,6 +126,11 @@ def test_a_misspelled_sampling_keyword_is_reported(index, tmp_path):
             "from vllm.v1.engine.async_llm import AsyncLLM\n\n\nasync def f(a, p, sp):\n"
             "    async for o in AsyncLLM.from_engine_args(a).generate(p, sp):\n        pass\n",
             "snippet.py:5: vllm.v1.engine.async_llm.AsyncLLM.generate: missing required argument(s) 'request_id'",
+        ),
+        (
+            "import os\nimport vllm\nos.environ.setdefault('VLLM_USE_V1_MODEL_RUNNER', '1')\n",
+            "snippet.py:3: vllm.envs: no environment variable 'VLLM_USE_V1_MODEL_RUNNER' (did you mean "
+            "'VLLM_USE_V2_MODEL_RUNNER'?)",
         ),
     ],
 )
@@ -342,6 +349,8 @@ def _wheel_with(index, tmp_path, file: str, old: str, new: str) -> Path:
          "ParentRequest.get_outputs: no longer has '!= RequestOutputKind.FINAL_ONLY'"),
         ("vllm/v1/serial_utils.py", "if t is slice:", "if issubclass(t, list):\n                return obj\n"
          "            if t is slice:", None),
+        ("vllm/config/vllm.py", "if use_v2_model_runner is not None:", "if use_v2_model_runner:",
+         "VllmConfig.use_v2_model_runner: no longer has 'if use_v2_model_runner is not None:'"),
         ("vllm/v1/serial_utils.py", "issubclass(t, torch.Tensor)", "t is torch.Tensor",
          "MsgpackDecoder.dec_hook: no longer has 'issubclass(t, torch.Tensor)'"),
         ("vllm/model_executor/model_loader/reload/layerwise.py",

@@ -15,7 +15,7 @@ from launcher.offline_data import build_experiences, epochs_needed
 from launcher.plan import WAVES, child_env, effective_tree, plan_stages
 from launcher.progress import MetricsTail
 from launcher.summary import run_summary, stage_summary
-from services.common.config import load_config, validate_tree
+from services.common.config import load_config, resolve, validate_tree
 from services.common.tiny_model import make_tiny_model
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -54,6 +54,22 @@ def test_quickstart_stages_and_effective_config(tmp_path):
     assert checked.explorer.auto_start and checked.trainer.auto_start and not checked.stages
     assert {checked.services.buffer.port, checked.services.trainer.port} == {0}
     assert set(WAVES) == {"both", "train", "explore", "bench", "serve"}
+
+
+@pytest.mark.parametrize(
+    "rollout,share,sleep",
+    [
+        ("{engine_type: vllm}", 0.3, True),  # one-GPU mode's defaults survive the written config
+        ("{engine_type: vllm, gpu_memory_utilization: 0.4, enable_sleep_mode: false}", 0.4, False),
+    ],
+)
+def test_the_written_config_resolves_the_one_gpu_defaults_as_the_users(rollout, share, sleep):
+    text = f"model: {{max_response_tokens: 4}}\ncluster: {{gpu_per_node: 1}}\nexplorer: {{rollout_model: {rollout}}}\n"
+    (stage,) = plan_stages(load_config(text=text, environ={}))
+    written = resolve(validate_tree(effective_tree(stage, None, False)))
+    assert written.rollout_gpu_memory_utilization == share
+    assert written.rollout_model.enable_sleep_mode is sleep
+    assert written.trainer_gpu_memory_fraction == pytest.approx(1 - share - 0.05)
 
 
 def test_child_env_drops_address_overrides_and_carries_the_token():
