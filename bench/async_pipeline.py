@@ -35,7 +35,7 @@ itself waits for the explorer to reach a boundary); `inflight tail` loads each v
 steps (the running answers go on under the new weights). Both report the explorer's idle time per step
 (its step less the time it generated: waiting for weights, loading them, sending the batch) and the
 staleness of what the trainer trained, per experience and per token.
-The last line printed is one JSON object (DESIGN.md section 8): "ratio" = offset-0 step time / offset-1
+The last line printed is one JSON object (docs/conventions.md): "ratio" = offset-0 step time / offset-1
 step time (higher = faster), "target" 2.0 (offset-1 step time <= 0.5x offset 0),
 "fully_async_ratio" = offset-0 step time / fully_async step time, and "inflight_ratio" = fully_async
 tail step time / inflight tail step time (its target 1.0: no slower; the issue asks for faster).

@@ -41,7 +41,7 @@ is missing the benchmark creates it with the CPU torch pin (about a minute, 1.5 
 
     python3 -m venv .venv-bench && .venv-bench/bin/pip install torch==2.13.0 && .venv-bench/bin/pip install trl
 
-The last line printed is one JSON object (DESIGN.md section 8): "ratio" = our completions/s / TRL's,
+The last line printed is one JSON object (docs/conventions.md): "ratio" = our completions/s / TRL's,
 "target" 3.0 (the goal of the scale work; 2.0 before it); with the vLLM run also `rft_vllm_*` figures and
 "vllm_ratio" = its completions/s / TRL's (the same run's TRL).
 """

@@ -20,7 +20,7 @@ relays, every relay's receive (and each forward) shares those cores, so both mod
 floor and the tree's log-depth cannot show in time; the synchronizer's CPU per version still shows
 the difference (star: ~N copies; tree: k).
 
-Last line: one JSON object (DESIGN.md section 8): the per-N figures, `ratio` = star time / tree time
+Last line: one JSON object (docs/conventions.md): the per-N figures, `ratio` = star time / tree time
 at the largest N, `target` = the ratio that would put the tree at 0.15 s there (the issue: N = 64 in
 <= 0.15 s), and the issue's scaling target (tree time at the largest N <= 2x at the smallest):
 `tree_scaling` and `tree_scaling_target` 2.0.

@@ -42,7 +42,7 @@ over `payload_bytes`, one full version: `delta_bytes_ratio`) and in full over th
 (`full_bytes_per_explorer`: one payload when every later pull was a delta) and how busy the client processes were (CPU seconds / wall seconds, the busiest process;
 near 1.0 = it saturates). The knee (`knee()`) is the
 first N where experiences/s per explorer fall below 80% of the smallest N's or a p99 latency jumps.
-Last line: one JSON object (DESIGN.md section 8): the per-N figures, "fanout" (K), "ratio" = total
+Last line: one JSON object (docs/conventions.md): the per-N figures, "fanout" (K), "ratio" = total
 experiences/s at N=64 over N=4 (the fleet keeps its throughput as it grows) and "target" 0.9, and,
 when N=4 and N=64 were both measured (else null), the fan-out issue's figures with their targets:
 "reach_all_64_over_4" = reach_all_s at N=64 over N=4's (target <= 2.0), "reach_all_64_s" = reach_all_s

@@ -10,7 +10,7 @@ the application, through the `openai` client only:
 1. Latency, before any training (the endpoint serves the SFT export, version 0): the same request
    (one `a+b=` prompt, max_tokens 4, n 8, temperature 1) through `POST /v1/completions` and through an
    `HFEngine` on the same model folder in this process (`engine.generate`, the explorer's call),
-   interleaved; median and p90 per call. `ratio` = direct / endpoint (DESIGN.md §8: 1.0 = as fast);
+   interleaved; median and p90 per call. `ratio` = direct / endpoint (docs/conventions.md: 1.0 = as fast);
    `overhead_x` = endpoint / direct, the cost of HTTP, JSON and recording (and of a second process).
 2. The agent loop: each round sends one completions call per prompt (8 prompts of
    examples/data/arithmetic.jsonl, plain text as the `arithmetic` workflow prompts, n = the GRPO

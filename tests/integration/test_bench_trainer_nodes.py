@@ -1,5 +1,5 @@
 """`bench/trainer_nodes.py --quick` runs both groups (1 node x 2 ranks, 2 nodes x 1 rank under torchrun) and
-ends with the JSON line DESIGN.md §8 asks of a benchmark."""
+ends with the JSON line every benchmark prints (docs/conventions.md)."""
 
 from __future__ import annotations
 

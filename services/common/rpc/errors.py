@@ -1,7 +1,7 @@
 """One gRPC error mapper for every servicer: the project's error types -> status codes.
 
-A servicer is a thin adapter (DESIGN.md §1): it calls its core, and a domain error the core raises
-becomes one status code with a readable message (DESIGN.md §3: INVALID_ARGUMENT names the field,
+A servicer is a thin adapter (docs/conventions.md): it calls its core, and a domain error the core raises
+becomes one status code with a readable message (docs/conventions.md: INVALID_ARGUMENT names the field,
 FAILED_PRECONDITION a wrong state, UNAVAILABLE retry, ...). Each service declares its table once,
 
     ERRORS = ErrorMap(
