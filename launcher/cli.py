@@ -12,6 +12,7 @@ import typer
 import yaml
 
 from services.common.config import ConfigError, load_config, resolve
+from services.common.config.loader import dump_tree
 
 SERVICES = ("buffer", "explorer", "trainer", "synchronizer")
 
@@ -133,7 +134,7 @@ def config_show(file: Path, set_: SetOpt = None, plugin_dir: PluginOpt = None) -
         "explorer_run_name": r.explorer_run_name,
         "trainer_run_name": r.trainer_run_name,
     }
-    typer.echo(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False), nl=False)
+    typer.echo(yaml.safe_dump(dump_tree(config), sort_keys=False), nl=False)  # loads back as it resolves
     typer.echo(yaml.safe_dump({"resolved": derived}, sort_keys=False), nl=False)
     plan = memory_plan(config)
     typer.echo("# memory plan (GiB per GPU; services/common/config/memory_plan.py)")
