@@ -9,7 +9,7 @@ runs from 128 to 256 across a binade), so `step_size_for(change)` = change / 148
 of the bf16 words while it is small (it saturates towards 1: 0.5 gives ~0.47). BF16_CHANGE is the fraction measured on the quickstart (`examples/quickstart.yaml`, tiny
 model, lr 1e-3, `sync_method: memory_bf16`): the median over its GRPO steps of the synchronizer's
 "weight delta" log lines (`changed_fraction`: median 0.51 over its 218 deltas, from 0.97 at the
-first steps to 0.11-0.17 as the cosine schedule lowers the lr); see README "Weight sync".
+first steps to 0.11-0.17 as the cosine schedule lowers the lr); see docs/weight-sync.md.
 """
 
 from __future__ import annotations

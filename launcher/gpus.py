@@ -124,7 +124,7 @@ def stage_gpus(
         raise GpuPlacementError(
             f"rft run starts every process on this host, but trainer.nnodes is {config.trainer.nnodes}; "
             "set trainer.nnodes: 1, or run the trainer across hosts with the multi-node compose override "
-            "or Kubernetes overlay (deploy/README.md, 'A trainer across hosts')"
+            "or Kubernetes overlay (docs/multi-node.md)"
         )
     if cluster.gpu_per_node == 0:
         problem = one_device_nccl(config, cuda_devices)

@@ -15,8 +15,8 @@ methods `memory` and `checkpoint`: one host copy in the wire dtype, no copy of a
 current parameter's full tensor exists besides what the caller keeps.
 
 The wire dtype is the training compute dtype (`compute_dtype`): the FSDP2 `MixedPrecisionPolicy`
-`param_dtype` (bf16 when the trainer computes in bf16 on CUDA, DESIGN §6a "weights travel in the
-training dtype"), else the parameters' own dtype, so CPU runs (fp32, no mixed precision) keep
+`param_dtype` (bf16 when the trainer computes in bf16 on CUDA, docs/weight-sync.md: "the wire dtype
+is a property of every method"), else the parameters' own dtype, so CPU runs (fp32, no mixed precision) keep
 bit-identical weights. Only floating tensors are cast; integer buffers travel as they are.
 Receivers cast whatever arrives into their model's dtype (`weight_sync.loading.load_weights`).
 

@@ -7,7 +7,7 @@ as a user would (`up -d --scale explorer=2`), with the shipped deploy/config/run
 
 1. waits for trainer steps with rewards (the trainer starts on its own: `trainer.auto_start`); in the
    memory scenario the Node.js example client (examples/clients/node) then runs from the host against the
-   stack's published ports as deploy/README.md says: it round-trips its 8 experiences through its own
+   stack's published ports as docs/compose.md says: it round-trips its 8 experiences through its own
    consumer group (`node-client`, declared in deploy/config/run.yaml) and reads the run state; with a
    wrong token it fails UNAUTHENTICATED (the trainer then trains on what it pushed, which the audit counts);
 2. scales to 3 explorers mid-run and waits until the new replica's experiences are in a checkpoint's
@@ -197,7 +197,7 @@ def _run_scenario(stack: Stack, scenario: Scenario, seen: dict[str, Any]) -> Non
 
 
 def _node_client_round_trip(stack: Stack, seen: dict[str, Any]) -> None:
-    """The README's command (`node examples/clients/node/client.js --buffer 127.0.0.1:$BUFFER_PORT
+    """docs/compose.md's command (`node examples/clients/node/client.js --buffer 127.0.0.1:$BUFFER_PORT
     --synchronizer 127.0.0.1:$SYNCHRONIZER_PORT --token $RFT_AUTH_TOKEN`) against this stack: 8 of 8
     experiences back through the `node-client` group, the run state read; a wrong token refused."""
     node, why = node_client()

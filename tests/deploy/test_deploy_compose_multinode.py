@@ -1,5 +1,5 @@
 """The compose stack with its trainer across two nodes on a real Docker engine: deploy/docker-compose.yml
-with the deploy/docker-compose.multinode.yml override, brought up as deploy/README.md says, with the
+with the deploy/docker-compose.multinode.yml override, brought up as docs/multi-node.md says, with the
 shipped deploy/config/run.yaml changed only in `trainer.total_steps` and `trainer.save_interval`:
 
 1. the two trainer containers meet (torchrun's static rendezvous at `trainer`) and train one 2-rank group:

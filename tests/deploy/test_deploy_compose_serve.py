@@ -1,5 +1,5 @@
 """The compose stack in serve mode on a real Docker engine: deploy/docker-compose.yml with the
-deploy/docker-compose.serve.yml override, brought up as deploy/README.md says
+deploy/docker-compose.serve.yml override, brought up as docs/serve.md says
 (`docker compose -f deploy/docker-compose.yml -f deploy/docker-compose.serve.yml up -d`), with the shipped
 deploy/config/serve.yaml changed only in `trainer.total_steps` (2, so the run ends by itself):
 

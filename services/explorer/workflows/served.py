@@ -3,7 +3,7 @@
 The environments of `ENVIRONMENTS` (multi_turn.py's interface: `reset(task)`, `step(action)` ->
 `(observation, reward, done[, info])`, optional `close()`; the OpenEnv and TextArena adapters
 included) are written for the `multi_turn` workflow, where the explorer samples each turn. An
-application that drives the policy through serve mode (`mode: serve`, README "Serve mode") plays the
+application that drives the policy through serve mode (`mode: serve`, docs/serve.md) plays the
 same environments with `play_served_episode`: each model turn is a chat completion under one
 `X-Session-Id`, the conversation so far as its messages, so the endpoint's session continues one token
 sequence (the model's tokens trained, the environment's masked out, as in `multi_turn`); the

@@ -254,7 +254,7 @@ def compose_services(tmp_path_factory) -> Iterator[tuple[Service, Service]]:
 
 
 def test_the_readme_run_against_the_compose_config(compose_services):
-    """deploy/README.md and the client's README: `node examples/clients/node/client.js --buffer ...
+    """docs/compose.md and the client's README: `node examples/clients/node/client.js --buffer ...
     --synchronizer ... --token ...` against the compose stack's config, nothing else set."""
     node = _require_node()
     buffer, synchronizer = compose_services

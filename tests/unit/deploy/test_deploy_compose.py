@@ -204,7 +204,7 @@ def test_a_hung_service_is_restarted_by_autoheal(compose, raw):
         "${DOCKER_SOCKET:-/var/run/docker.sock}:/var/run/docker.sock"
     ]
     assert autoheal["user"] == "root" and autoheal["image"] == services["trainer"]["image"]
-    assert "autoheal" in (DEPLOY / "README.md").read_text()
+    assert "autoheal" in (ROOT / "docs" / "compose.md").read_text()
 
 
 def _seconds(duration: str) -> float:
@@ -284,8 +284,8 @@ def _check_copies(dockerfile: str, dockerignore: Path) -> None:
     assert "*" in dockerignore.read_text().splitlines()
 
 
-def test_readme_says_how_to_configure_run_and_scale():
-    readme = (DEPLOY / "README.md").read_text()
+def test_docs_says_how_to_configure_run_and_scale():
+    readme = (ROOT / "docs" / "compose.md").read_text()
     for needle in (
         "cp deploy/.env.example deploy/.env",
         "--scale explorer=",

@@ -74,8 +74,8 @@ def test_the_default_gpus_are_the_placement_of_the_gpu_settings(override):
     assert (placement.explorers[0], placement.trainer) == ((0,), (1,))  # the gsm8k example's split
 
 
-def test_readme_tells_how_to_place_other_splits():
-    readme = (DEPLOY / "README.md").read_text()
+def test_docs_tells_how_to_place_other_splits():
+    readme = (ROOT / "docs" / "gpus.md").read_text()
     for needle in ("docker-compose.gpu.yml", "EXPLORER_GPUS", "TRAINER_GPUS", "gpu_placement"):
         assert needle in readme, needle
 

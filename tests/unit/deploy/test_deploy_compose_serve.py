@@ -236,8 +236,8 @@ def test_the_probe_passes_only_when_grpc_and_the_endpoint_answer(raw, explorer_p
 
 
 # ------------------------------------------------------------------------------------------------- docs
-def test_readme_says_how_to_serve_and_talk_to_it():
-    readme = (DEPLOY / "README.md").read_text()
+def test_docs_says_how_to_serve_and_talk_to_it():
+    readme = (ROOT / "docs" / "serve.md").read_text()
     for needle in (
         "-f deploy/docker-compose.yml -f deploy/docker-compose.serve.yml up -d",
         "SERVE_PORT",

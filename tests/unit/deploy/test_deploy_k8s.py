@@ -399,8 +399,8 @@ def test_the_gpu_overlay_requests_the_gpus_of_the_placement(gpu_overlay):
 
 
 # --------------------------------------------------------------------------------------------- docs
-def test_readme_says_how_to_apply_and_that_no_cluster_ran():
-    readme = (ROOT / "deploy" / "README.md").read_text()
+def test_docs_says_how_to_apply_and_that_no_cluster_ran():
+    readme = (ROOT / "docs" / "kubernetes.md").read_text()
     for needle in ("kubectl apply -k deploy/k8s", "deploy/k8s-gpu", "secret.env", "No cluster"):
         assert needle in readme, needle
 

@@ -142,8 +142,8 @@ def test_the_endpoints_service_selects_the_explorer_only(explorer):
                 assert not spec["selector"].items() <= doc["spec"]["template"]["metadata"]["labels"].items()
 
 
-def test_readme_says_how_to_apply_and_reach_the_endpoint():
-    readme = (ROOT / "deploy" / "README.md").read_text()
+def test_docs_says_how_to_apply_and_reach_the_endpoint():
+    readme = (ROOT / "docs" / "serve.md").read_text()
     for needle in ("kubectl apply -k deploy/k8s-serve", "port-forward service/explorer-serve"):
         assert needle in readme, needle
 

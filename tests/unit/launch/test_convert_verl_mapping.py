@@ -354,10 +354,11 @@ def test_engine_num_comment_gives_the_real_share():
     assert "here a quarter of the 8 GPUs roll out (2 engine(s) x tensor_parallel_size 1)" in line
 
 
-def test_readme_states_the_batch_rule_the_converter_uses():
+def test_the_docs_state_the_batch_rule_the_converter_uses():
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    docs = Path(__file__).resolve().parents[3] / "docs"
+    readme = "\n".join(page.read_text() for page in sorted(docs.glob("*.md")))
     assert "`actor.ppo_mini_batch_size` (-> `batch_size`)" not in readme  # Trinity-RFT's rule, not ours
     assert "`sync_interval` = data.train_batch_size / ppo_mini_batch_size" not in readme
     c = conv("data.train_batch_size=64 actor_rollout_ref.actor.ppo_mini_batch_size=16")

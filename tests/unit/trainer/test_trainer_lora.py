@@ -161,9 +161,8 @@ def test_config_takes_one_adapter_and_refuses_other_dtypes():
     assert lora is not None and (lora.rank, lora.alpha, lora.target_modules) == (8, 32, ("q_proj",))
 
 
-def test_the_readme_snippet_loads():
-    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
-    section = readme.split("### LoRA\n", 1)[1]
+def test_the_docs_snippet_loads():
+    section = (Path(__file__).resolve().parents[3] / "docs" / "lora.md").read_text()
     snippet = section.split("```yaml\n", 1)[1].split("```", 1)[0]
     [lora] = load_config(text=snippet).model.lora_configs
     assert (lora.lora_rank, lora.lora_alpha, lora.target_modules) == (8, 16, "all-linear")
