@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set everything up, then run the checks CI runs: ruff, the proto drift check, the import rule, the vLLM
+# Set everything up, then run the checks CI runs: ruff, the docs site build, the proto drift check, the import rule, the vLLM
 # constraints' resolves, the unit, integration and end-to-end tests and the deploy test of the compose
 # stack on a real Docker engine (GPU-marked tests skip without CUDA), then the vLLM suite against a real
 # vLLM engine from the vLLM environment (.venv-vllm: vLLM's CPU build on a machine without a GPU).
@@ -13,6 +13,9 @@ VPY=${RFT_VLLM_VENV:-.venv-vllm}/bin
 
 echo "== ruff"
 "$PY/ruff" check .
+echo "== docs site (mkdocs build --strict: broken links and missing pages fail; the config reference is current)"
+"$PY/python" scripts/gen_config_reference.py --check
+NO_MKDOCS_2_WARNING=1 "$PY/mkdocs" build --strict --quiet --site-dir "$(mktemp -d)"
 echo "== proto drift check"
 "$PY/python" scripts/gen_protos.py --check
 echo "== import rule (a service never imports another service)"
