@@ -10,7 +10,7 @@ the explorer asks `explores_until_run_ends()`.
 Pure functions of the config (`synchronizer.sync_style`, `sync_interval` I, `sync_offset` K) and a
 few counters; the state machine (services/synchronizer/core.py) calls them, tests pin them directly.
 Versions are in trainer steps: the weights published after trainer step t are `model_version` t, and
-explorer step s (1-based) produces the data of trainer step s (Trinity-RFT's meaning, reference §1).
+explorer step s (1-based) produces the data of trainer step s (Trinity-RFT's meaning; docs/architecture.md, "The sync plan").
 
 `fixed` (Trinity: the explorer syncs after step s when s > K and (s - K) % I == 0 and waits for a
 version newer than the one it holds; the trainer syncs when its step % I == 0):

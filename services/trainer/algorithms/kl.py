@@ -1,7 +1,8 @@
 """KL divergence estimators between the policy and the reference policy, per token.
 
-Used in two places (veRL §1.4): as a reward penalty (``apply_kl_penalty``, usually ``kl``/k1 on
-the rollout log-probs) and as a loss term (``compute_kl_loss``, usually ``low_var_kl``/k3).
+Used in two places, as in veRL (docs/algorithms.md, "KL"): as a reward penalty (``apply_kl_penalty``,
+usually ``kl``/k1 on the rollout log-probs) and as a loss term (``compute_kl_loss``, usually
+``low_var_kl``/k3).
 The estimators are Schulman's k1/k2/k3 (http://joschu.net/blog/kl-approx.html).  The ``+``
 variants are straight-through: the forward value of the named estimator, the gradient of k2,
 which is the unbiased gradient of KL(π‖π_ref) for samples from π (unlike veRL at b178a3c,

@@ -1,5 +1,5 @@
-"""The sync policy (`services/common/sync_policy.py`): the plan's rules pinned as tables (Trinity-RFT
-cadence, reference §1), and what each service asks of it, per style x offset."""
+"""The sync policy (`services/common/sync_policy.py`): the plan's rules pinned as tables (Trinity-RFT's
+cadence; docs/architecture.md), and what each service asks of it, per style x offset."""
 
 from __future__ import annotations
 

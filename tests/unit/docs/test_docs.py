@@ -90,3 +90,21 @@ def test_no_page_points_at_a_moved_readme_section():
                     if stale.search(line):
                         hits.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
     assert not hits, "\n".join(hits)
+
+
+def test_every_repository_path_the_docs_name_exists():
+    """A path the docs name (`services/...`, `scripts/...`, ...) is in the repository, so a moved module
+    cannot leave a page pointing at nothing. Files the user creates are the exceptions."""
+    pattern = re.compile(
+        r"(?<![\w/.-])((?:services|launcher|scripts|bench|tests|examples|deploy|protos|requirements)/[\w./-]*\w)"
+    )
+    made_by_the_user = ("deploy/.env", "deploy/k8s/secret.env", "deploy/tls")
+    missing = sorted(
+        {
+            f"{page.name}: {path}"
+            for page in _pages()
+            for path in pattern.findall(page.read_text())
+            if not path.startswith(made_by_the_user) and not (ROOT / path).exists()
+        }
+    )
+    assert not missing, "\n".join(missing)

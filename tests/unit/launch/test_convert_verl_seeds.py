@@ -1,5 +1,5 @@
 """`rft convert-verl` on the two veRL scripts of Trinity-RFT's "Align configuration with veRL" guide
-(tests/fixtures/convert_verl, from seed 004): the converted config loads, and it means the same run as
+(tests/fixtures/convert_verl): the converted config loads, and it means the same run as
 the Trinity-RFT YAML the guide gives beside each script, field by field, except for the differences
 listed below with their reason."""
 
