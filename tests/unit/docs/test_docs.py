@@ -108,3 +108,21 @@ def test_every_repository_path_the_docs_name_exists():
         }
     )
     assert not missing, "\n".join(missing)
+
+
+def test_the_readme_links_resolve():
+    """README.md is outside the site mkdocs checks: each of its relative links names a file that exists,
+    and an anchor into a docs page names one of that page's headings."""
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", (ROOT / "README.md").read_text()):
+        if target.startswith(("http://", "https://")):
+            continue
+        path, _, anchor = target.partition("#")
+        if not (ROOT / path).exists():
+            broken.append(target)
+        elif anchor and path.endswith(".md"):
+            headings = re.findall(r"^#+ (.*)$", (ROOT / path).read_text(), flags=re.M)
+            slugs = {re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", h).strip().lower()) for h in headings}
+            if anchor not in slugs:
+                broken.append(target)
+    assert not broken, broken
