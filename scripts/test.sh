@@ -23,6 +23,9 @@ echo "== import rule (a service never imports another service)"
 echo "== vLLM constraints resolve (the CUDA wheel for GPU machines and deploy/Dockerfile.gpu; the CPU build)"
 bash scripts/check_vllm_resolve.sh
 echo "== tests"
-"$PY/python" -m pytest -q -p no:cacheprovider tests/unit tests/integration tests/e2e tests/deploy "$@"
+# two workers (RFT_TEST_WORKERS): most tests wait on the processes they start, so two at once fill the
+# machine; tests/conftest.py makes each file a group and sends the longest groups (deploy, e2e) out first
+"$PY/python" -m pytest -q -p no:cacheprovider -n "${RFT_TEST_WORKERS:-2}" --dist loadgroup --no-loadscope-reorder \
+  --durations=40 tests/unit tests/integration tests/e2e tests/deploy "$@"
 echo "== vLLM tests (a real vLLM engine)"
 "$VPY/python" -m pytest -q -p no:cacheprovider -m vllm tests/vllm_engine

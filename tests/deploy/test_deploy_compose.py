@@ -58,8 +58,8 @@ class Scenario:
 
 
 SCENARIOS = {
-    "memory": Scenario("memory", total_steps=300, kills=("trainer", "buffer"), node_client=True),
-    "nccl": Scenario("nccl", total_steps=300, kills=("trainer",)),
+    "memory": Scenario("memory", total_steps=150, kills=("trainer", "buffer"), node_client=True),
+    "nccl": Scenario("nccl", total_steps=150, kills=("trainer",)),
 }
 
 

@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.deploy, pytest.mark.slow]
 
 JOB = "/data/checkpoints/rft-mesh/compose"
 TOKEN = "deploy-hung-token"
-TOTAL_STEPS = 200
+TOTAL_STEPS = 100
 ORDER = ("trainer", "buffer", "explorer", "synchronizer")
 # the shipped window, shortened: unhealthy after 4 failed checks 2 s apart; autoheal looks every 2 s
 OVERRIDE = {

@@ -8,6 +8,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from tests.support.file_lock import file_lock
+
 ROOT = Path(__file__).resolve().parents[2]
 CLIENT_DIR = ROOT / "examples" / "clients" / "node"
 
@@ -18,6 +20,11 @@ def node_client() -> tuple[str | None, str]:
     node = shutil.which("node")
     if node is None:
         return None, "`node` is not on PATH (install Node.js >= 18)"
+    with file_lock(CLIENT_DIR / ".npm-ci.lock"):  # test workers may ask at once
+        return _installed(node)
+
+
+def _installed(node: str) -> tuple[str | None, str]:
     installed = CLIENT_DIR / "node_modules" / ".package-lock.json"
     lock = CLIENT_DIR / "package-lock.json"
     if installed.is_file() and installed.stat().st_mtime >= lock.stat().st_mtime:

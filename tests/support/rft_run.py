@@ -54,10 +54,14 @@ def start_rft(config: Path, *sets: str, log: Path) -> subprocess.Popen[bytes]:
 
 def tiny_model() -> Path:
     """The repository's tiny model (made once, as scripts/quickstart.sh does)."""
-    if not (TINY_MODEL / "config.json").exists():
-        from services.common.tiny_model import make_tiny_model
+    if (TINY_MODEL / "config.json").exists():
+        return TINY_MODEL
+    from services.common.tiny_model import make_tiny_model
+    from tests.support.file_lock import file_lock
 
-        make_tiny_model(TINY_MODEL)
+    with file_lock(TINY_MODEL.parent / ".tiny.lock"):  # test workers may ask at once
+        if not (TINY_MODEL / "config.json").exists():
+            make_tiny_model(TINY_MODEL)
     return TINY_MODEL
 
 
