@@ -24,8 +24,8 @@ echo "== vLLM constraints resolve (the CUDA wheel for GPU machines and deploy/Do
 bash scripts/check_vllm_resolve.sh
 echo "== tests"
 # two workers (RFT_TEST_WORKERS): most tests wait on the processes they start, so two at once fill the
-# machine; tests/conftest.py makes each file a group and sends the longest groups (deploy, e2e) out first
-"$PY/python" -m pytest -q -p no:cacheprovider -n "${RFT_TEST_WORKERS:-2}" --dist loadgroup --no-loadscope-reorder \
+# machine; tests/conftest.py makes each file a unit of work and sends the longest groups (deploy, e2e) out first
+"$PY/python" -m pytest -q -p no:cacheprovider -n "${RFT_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder \
   --durations=40 tests/unit tests/integration tests/e2e tests/deploy "$@"
 echo "== vLLM tests (a real vLLM engine)"
 "$VPY/python" -m pytest -q -p no:cacheprovider -m vllm tests/vllm_engine

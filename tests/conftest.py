@@ -2,10 +2,10 @@
 suite (tests/vllm_engine) runs from the vLLM environment (.venv-vllm) and only there; that environment runs only
 it (the rest needs the main environment's extras).
 
-Under pytest-xdist (`scripts/test.sh` runs `-n 2 --dist loadgroup`) every test file is one group, so a
-file's module fixtures are made once and its tests run in order on one worker; the deploy tests are one
-group (one Docker engine, one compose stack at a time); and the groups go out longest first (deploy, then
-e2e, integration, unit), so the short unit files fill the workers' ends."""
+Under pytest-xdist (`scripts/test.sh` runs `-n 2`) every test file is one unit of work, so a file's module
+fixtures are made once and its tests run in order on one worker; the deploy tests are one unit (one Docker
+engine, one compose stack at a time); and the units go out longest first (deploy, then e2e, integration,
+unit), so the short unit files fill the workers' ends."""
 
 from __future__ import annotations
 
@@ -29,17 +29,27 @@ else:
 _ORDER = ("deploy", "e2e", "integration", "unit")  # longest groups first
 
 
-def _group(item: pytest.Item) -> tuple[int, str]:
-    path = Path(str(item.path)).resolve()
-    parts = path.relative_to(Path(__file__).resolve().parent).parts
+def _rank(item: pytest.Item) -> int:
+    parts = Path(str(item.path)).resolve().relative_to(Path(__file__).resolve().parent).parts
     top = parts[0] if len(parts) > 1 else ""
-    rank = _ORDER.index(top) if top in _ORDER else len(_ORDER)
-    return rank, ("deploy" if top == "deploy" else str(path))
+    return _ORDER.index(top) if top in _ORDER else len(_ORDER)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not hasattr(config, "workerinput") and config.getoption("dist", "no") == "no":
-        return  # a plain run keeps the collection order
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_group(item)[1]))
-    items.sort(key=lambda item: _group(item)[0])  # stable: a file's tests keep their order
+    if not hasattr(config, "workerinput"):
+        return  # a plain run (and xdist's controller) keeps the collection order
+    items.sort(key=_rank)  # stable: a file's tests keep their order
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):  # only called under xdist
+    from xdist.scheduler import LoadFileScheduling
+
+    class FileScheduling(LoadFileScheduling):
+        """One test file per unit of work, and the deploy tests (one engine, one stack at a time) one unit."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "tests/deploy" if path.startswith("tests/deploy/") else path
+
+    return FileScheduling(config, log)
