@@ -56,7 +56,7 @@ from services.explorer.core import ExplorerCore, find_checkpoints
 from services.explorer.engines import build_engines
 from services.explorer.engines.placement import engine_devices
 from services.explorer.inflight import InflightFollower, enable_inflight, serialised
-from services.explorer.serve.service import build_endpoint, follow_run, serves_http
+from services.explorer.serve.endpoint import build_endpoint, follow_run, serves_http
 from services.explorer.servicer import ExplorerServicer, registration
 from services.explorer.settings import ExplorerSettings
 from services.explorer.sink import BufferSink, ExperienceSink, MemorySink
@@ -253,7 +253,7 @@ def make_build(explorer_id: str | None = None, shard: str | None = None):
         core = await build_core(config, explorer_id=explorer_id, shard=shard)
         liveness.track("explore step", lambda: core.step)
         endpoint = build_endpoint(config, core) if serves_http(config) else None
-        servicer = ExplorerServicer(core, on_shutdown=_stop_process, serve=endpoint and endpoint.backend)
+        servicer = ExplorerServicer(core, on_shutdown=_stop_process, serve=endpoint and endpoint.core)
         client = await attach_synchronizer(config, core, servicer.weights)
         runner: asyncio.Task[None] | None = None
         if endpoint is not None:

@@ -31,7 +31,7 @@ from services.explorer.engines.base import GenerationOutput, per_prompt_params
 from services.explorer.engines.weights import read_safetensors_folder
 from services.explorer.model_wrapper import ModelWrapper
 from services.explorer.runner import WorkflowRunner
-from services.explorer.serve.service import Endpoint
+from services.explorer.serve.endpoint import Endpoint
 from services.explorer.settings import ExplorerSettings
 from services.explorer.sink import MemorySink
 from services.explorer.tasks import Task

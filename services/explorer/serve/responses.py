@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from services.explorer.serve.backend import Answer
+from services.explorer.serve.endpoint_core import Answer
 from services.explorer.serve.sessions import Call
 
 

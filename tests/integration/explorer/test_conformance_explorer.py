@@ -22,7 +22,7 @@ from services.common.buffer_client import BufferClient
 from services.common.config import load_config
 from services.common.rpc import create_channel, start_server
 from services.common.tiny_model import make_tiny_model
-from services.explorer.serve.service import Endpoint
+from services.explorer.serve.endpoint import Endpoint
 from services.explorer.service import build_core
 from services.explorer.servicer import ExplorerServicer, registration
 from services.explorer.sink import BufferSink, MemorySink
@@ -146,7 +146,7 @@ services: {{auth_token: {TOKEN}}}
     endpoint = Endpoint(config, core)
     endpoint.start()
     server = await start_server(
-        [registration(ExplorerServicer(core, serve=endpoint.backend))], auth_token=TOKEN
+        [registration(ExplorerServicer(core, serve=endpoint.core))], auth_token=TOKEN
     )
     try:
         code, output = await conformance("explorer", server.address, "--auth-token", TOKEN)

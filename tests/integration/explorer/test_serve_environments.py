@@ -15,7 +15,7 @@ import torch
 
 from services.common.config import load_config
 from services.common.tiny_model import make_tiny_model
-from services.explorer.serve.service import Endpoint
+from services.explorer.serve.endpoint import Endpoint
 from services.explorer.service import build_core
 from services.explorer.sink import MemorySink
 from services.explorer.workflows import ENVIRONMENTS
