@@ -63,7 +63,7 @@ class StageRun:
             print(f"[{label}] warning: {warning}", flush=True)
         first, second = WAVES[self.config.mode]
         waves = [[self._process(s) for s in first], [p for s in second for p in self._processes(s)]]
-        total = self.config.buffer.total_steps or self.config.trainer.total_steps
+        total = resolve(self.config).total_steps
         self.progress = Progress(self.job_dir, label, total, live=opts.live)
         memory_buffer = self.config.services.buffer.store == "memory" and "buffer" in first
         self.supervisor = Supervisor(
@@ -179,8 +179,7 @@ class StageRun:
 
 
 def stage_total_steps(stage: Stage) -> int | None:
-    c = stage.config
-    return c.buffer.total_steps or c.trainer.total_steps
+    return resolve(stage.config).total_steps
 
 
 def train_batch_size(stage: Stage) -> int:
