@@ -59,7 +59,7 @@ from services.explorer.inflight import InflightFollower, enable_inflight, serial
 from services.explorer.serve.endpoint import build_endpoint, follow_run, serves_http
 from services.explorer.servicer import ExplorerServicer, registration
 from services.explorer.settings import ExplorerSettings
-from services.explorer.sink import BufferSink, ExperienceSink, MemorySink
+from services.explorer.sink import BufferSink, ExperienceSink, ListSink
 from services.explorer.weight_receiver import WeightReceiver
 
 log = get_logger("explorer")
@@ -101,7 +101,7 @@ async def build_core(
     aux = await asyncio.to_thread(build_auxiliary_models, config.explorer.auxiliary_models, aux_devices)
     if sink is None:
         if config.mode == "bench":
-            sink = MemorySink()
+            sink = ListSink()
         else:
             s = config.services
             channel = create_channel(

@@ -22,7 +22,7 @@ from services.explorer.serve import responses
 from services.explorer.serve.endpoint import Endpoint
 from services.explorer.service import build_core
 from services.explorer.servicer import ExplorerServicer, registration
-from services.explorer.sink import MemorySink
+from services.explorer.sink import ListSink
 
 TOKEN = "s3cret-token"
 
@@ -45,7 +45,7 @@ monitor: {{monitor_type: none}}
 services: {{auth_token: {TOKEN}}}
 """
     )
-    sink = MemorySink()
+    sink = ListSink()
     core = await build_core(config, sink=sink)
     endpoint = Endpoint(config, core)
     endpoint.start()
@@ -290,9 +290,7 @@ async def test_unrewarded_commit_is_refused_and_grpc_feedback_commit_work(served
     with pytest.raises(openai.BadRequestError) as err:
         await client.post("/commit", body={"session_ids": ["g"]}, cast_to=httpx2.Response)
     assert err.value.body["code"] == "unrewarded" and "'g'" in err.value.body["message"]
-    server = await start_server(
-        [registration(ExplorerServicer(core, serve=endpoint.core))], auth_token=TOKEN
-    )
+    server = await start_server([registration(ExplorerServicer(core, serve=endpoint.core))], auth_token=TOKEN)
     channel = create_channel(server.address, auth_token=TOKEN, timeout_s=10)
     stub = explorer_pb2_grpc.ExplorerServiceStub(channel)
     try:
