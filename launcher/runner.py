@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.gpus import stage_gpus
-from launcher.plan import WAVES, Stage, child_env, effective_tree, service_argv, write_config
 from launcher.processes import ServiceProcess
 from launcher.progress import Progress
+from launcher.stages import WAVES, Stage, child_env, effective_tree, service_argv, write_config
 from launcher.supervisor import RestartPolicy, StageFailed, Supervisor
 from services.common.config import resolve
 from services.common.config.explorer import SERVE_URL_FILE
