@@ -15,7 +15,7 @@ serialized again, and GetBatch answers with response bytes assembled from the st
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -126,20 +126,23 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
     async def Ack(
         self, request: buffer_pb2.AckRequest, context: grpc.aio.ServicerContext
     ) -> buffer_pb2.AckResponse:
-        n = await _guard(
-            context,
-            lambda: self.core.ack(request.lease_id, request.consumer_group, request.epoch, request.consumer),
-        )
-        return buffer_pb2.AckResponse(acked=n)
+        return buffer_pb2.AckResponse(acked=await self._settle(self.core.ack, request, context))
 
     async def Nack(
         self, request: buffer_pb2.NackRequest, context: grpc.aio.ServicerContext
     ) -> buffer_pb2.NackResponse:
-        n = await _guard(
-            context,
-            lambda: self.core.nack(request.lease_id, request.consumer_group, request.epoch, request.consumer),
+        return buffer_pb2.NackResponse(returned=await self._settle(self.core.nack, request, context))
+
+    @staticmethod
+    async def _settle(
+        settle: Callable[[str, str, int, str], Awaitable[int]],
+        request: buffer_pb2.AckRequest | buffer_pb2.NackRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> int:
+        """An Ack or Nack request through `settle` (the core's ack or nack)."""
+        return await _guard(
+            context, lambda: settle(request.lease_id, request.consumer_group, request.epoch, request.consumer)
         )
-        return buffer_pb2.NackResponse(returned=n)
 
     async def OpenConsumer(
         self, request: buffer_pb2.OpenConsumerRequest, context: grpc.aio.ServicerContext
