@@ -6,7 +6,7 @@ only through their process interface (port file, gRPC health and liveness, SIGTE
 only to check a config's names (names.py).
 
     names.py         every registry name and `module:object` plug-in of the config resolves (before any start)
-    plan.py          stages, which processes each mode needs, the config every process reads
+    stages.py        stages, which processes each mode needs, the config every process reads
     gpus.py          which GPUs each process sees (CUDA_VISIBLE_DEVICES from cluster.gpu_per_node)
     preflight.py     Redis answers, monitor package installed, model folder there, the memory plan
                      fits the GPUs (before any start)
@@ -38,9 +38,9 @@ from pathlib import Path
 
 from launcher.gpus import host_cuda, stage_gpus
 from launcher.names import check_config
-from launcher.plan import Stage, plan_stages
 from launcher.preflight import PreflightError, memory_problems, preflight
 from launcher.runner import StageFailed, StageOptions, StageRun, stage_total_steps, train_batch_size
+from launcher.stages import Stage, run_stages
 from launcher.summary import (
     earlier_wall_time,
     last_hf_export,
@@ -207,7 +207,7 @@ def run(
         config, problems = check_config(config, config_file, plugin_dirs)
         if problems:
             raise ConfigError(str(config_file), problems)
-        stages = plan_stages(config)
+        stages = run_stages(config)
     except ConfigError as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_CONFIG

@@ -69,14 +69,14 @@ def config_check(
     folders and data files must exist, relative to the current directory, as `rft run` checks, and
     the memory plan must fit the GPUs (cluster.gpu_memory_gib each); it prints the plan's total per
     GPU (`rft config show` prints every term)."""
-    from launcher.plan import plan_stages
     from launcher.preflight import memory_problems, memory_summary, path_problems
+    from launcher.stages import run_stages
 
     config = _load(file, set_)
     r = resolve(config)
     _warn(config)
     config = _check_names(file, config, plugin_dir)  # every registry name and plug-in resolves
-    stages = [s.config for s in plan_stages(config)]
+    stages = [s.config for s in run_stages(config)]
     problems = [] if skip_paths else path_problems(stages)
     if problems:
         typer.echo(

@@ -127,7 +127,7 @@ def build_experiences(
 
 def epochs_needed(config: RFTConfig, rows: int) -> int:
     """Epochs of the file that cover the stage's training."""
-    total = config.buffer.total_steps or config.trainer.total_steps
+    total = resolve(config).total_steps
     if total is None or rows == 0:
         return config.buffer.total_epochs
     return max(1, math.ceil(total * resolve(config).train_batch_size / rows))

@@ -7,8 +7,9 @@ for an SFT stage the feeder of offline data into the buffer, and in serve mode t
 The stage is over when every process that ends the run (trainer; explorers; in bench mode the
 explorer) has exited 0; the trainer ending first gives the explorers `EXPLORER_GRACE_S` (supervisor.py)
 to see the run finished and stop. A process that fails is restarted up to `services.max_restarts`
-times; with the memory store a buffer failure restarts the whole stage (stop everything in order,
-start again, feed the offline data again), since the experiences died with the buffer. A process that
+times; with the in-process store (`services.buffer.store: memory`) a buffer failure restarts the
+whole stage (stop everything in order, start again, feed the offline data again), since the
+experiences died with the buffer. A process that
 has stopped answering its liveness check for `services.liveness_timeout` seconds (stopped, wedged) is
 killed and restarted the same way (supervisor.py, watchdog.py). Beyond that
 the stage fails (`StageFailed` names the process and carries its last log lines). A stop request
@@ -22,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.gpus import stage_gpus
-from launcher.plan import WAVES, Stage, child_env, effective_tree, service_argv, write_config
 from launcher.processes import ServiceProcess
 from launcher.progress import Progress
+from launcher.stages import WAVES, Stage, child_env, effective_tree, service_argv, write_config
 from launcher.supervisor import RestartPolicy, StageFailed, Supervisor
 from services.common.config import resolve
 from services.common.config.explorer import SERVE_URL_FILE
@@ -63,13 +64,15 @@ class StageRun:
             print(f"[{label}] warning: {warning}", flush=True)
         first, second = WAVES[self.config.mode]
         waves = [[self._process(s) for s in first], [p for s in second for p in self._processes(s)]]
-        total = self.config.buffer.total_steps or self.config.trainer.total_steps
+        total = resolve(self.config).total_steps
         self.progress = Progress(self.job_dir, label, total, live=opts.live)
-        memory_buffer = self.config.services.buffer.store == "memory" and "buffer" in first
+        in_process_buffer = self.config.services.buffer.store == "memory" and "buffer" in first
         self.supervisor = Supervisor(
             waves,
             label,
-            RestartPolicy(self.config.services.max_restarts, frozenset({"buffer"} if memory_buffer else ())),
+            RestartPolicy(
+                self.config.services.max_restarts, frozenset({"buffer"} if in_process_buffer else ())
+            ),
             cwd=opts.cwd,
             ready_timeout_s=opts.ready_timeout_s,
             stop_timeout_s=opts.stop_timeout_s,
@@ -146,7 +149,7 @@ class StageRun:
 
     # ------------------------------------------------------------------ offline data (SFT stage)
     def _start_feeder(self) -> None:
-        """Feed the buffer each time the stage (re)started: a restarted memory-store buffer is empty."""
+        """Feed the buffer each time the stage (re)started: a restarted in-process buffer is empty."""
         eb = self.config.buffer.trainer_input.experience_buffer
         if self.config.mode != "train" or not eb.path:
             return
@@ -179,8 +182,7 @@ class StageRun:
 
 
 def stage_total_steps(stage: Stage) -> int | None:
-    c = stage.config
-    return c.buffer.total_steps or c.trainer.total_steps
+    return resolve(stage.config).total_steps
 
 
 def train_batch_size(stage: Stage) -> int:

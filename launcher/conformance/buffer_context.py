@@ -24,6 +24,7 @@ from launcher.conformance.harness import (
     SetupError,
     one_line,
     require,
+    setup_error,
 )
 from services.common.rpc import create_channel
 
@@ -54,16 +55,13 @@ class BufferContext:
         try:
             await self.stub.Stats(buffer_pb2.StatsRequest(consumer_group=self.group), timeout=CALL_TIMEOUT_S)
         except grpc.aio.AioRpcError as exc:
-            code, details = exc.code(), one_line(exc.details())
-            if code == grpc.StatusCode.UNAUTHENTICATED:
-                raise SetupError(f"{self.address} wants a token: pass --auth-token ({details})", 2) from None
-            if code == grpc.StatusCode.INVALID_ARGUMENT:
+            if exc.code() == grpc.StatusCode.INVALID_ARGUMENT:
                 raise SetupError(
-                    f"consumer group {self.group!r} is refused ({details}); declare it in the server's "
-                    "services.buffer.consumer_groups or pass --group with a declared one",
+                    f"consumer group {self.group!r} is refused ({one_line(exc.details())}); declare it in the "
+                    "server's services.buffer.consumer_groups or pass --group with a declared one",
                     2,
                 ) from None
-            raise SetupError(f"cannot use the buffer at {self.address}: {code.name} ({details})", 1) from None
+            raise setup_error(exc, "buffer", self.address) from None
 
     # --- experiences of this run -------------------------------------------------------------------
     def new_group(self, n: int, label: str = "g") -> list[experience_pb2.Experience]:

@@ -17,8 +17,7 @@ from rft.v1 import explorer_pb2, explorer_pb2_grpc
 
 from launcher.conformance.harness import (
     CheckSkipped,
-    SetupError,
-    one_line,
+    setup_error,
 )
 from services.common.rpc import create_channel
 
@@ -46,12 +45,7 @@ class ExplorerContext:
         try:
             self.explorer_id = (await self.status()).explorer_id
         except grpc.aio.AioRpcError as exc:
-            code, details = exc.code(), one_line(exc.details())
-            if code == grpc.StatusCode.UNAUTHENTICATED:
-                raise SetupError(f"{self.address} wants a token: pass --auth-token ({details})", 2) from None
-            raise SetupError(
-                f"cannot use the explorer at {self.address}: {code.name} ({details})", 1
-            ) from None
+            raise setup_error(exc, "explorer", self.address) from None
 
     def driving(self) -> None:
         """SKIP the calling check unless the suite may drive the explorer."""

@@ -79,6 +79,15 @@ class SetupError(Exception):
         self.code = code
 
 
+def setup_error(exc: grpc.aio.AioRpcError, service: str, address: str) -> SetupError:
+    """Why the suite cannot use `service` at `address` after its first call failed with `exc`: a missing
+    token (exit 2) or anything else (exit 1)."""
+    code, details = exc.code(), one_line(exc.details())
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return SetupError(f"{address} wants a token: pass --auth-token ({details})", 2)
+    return SetupError(f"cannot use the {service} at {address}: {code.name} ({details})", 1)
+
+
 @dataclass(frozen=True)
 class Outcome:
     name: str

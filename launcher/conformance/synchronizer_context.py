@@ -28,6 +28,7 @@ from launcher.conformance.harness import (
     SetupError,
     one_line,
     require,
+    setup_error,
 )
 from services.common.rpc import create_channel
 
@@ -93,12 +94,7 @@ class SyncContext:
         try:
             state = await self.state()
         except grpc.aio.AioRpcError as exc:
-            code, details = exc.code(), one_line(exc.details())
-            if code == grpc.StatusCode.UNAUTHENTICATED:
-                raise SetupError(f"{self.address} wants a token: pass --auth-token ({details})", 2) from None
-            raise SetupError(
-                f"cannot use the synchronizer at {self.address}: {code.name} ({details})", 1
-            ) from None
+            raise setup_error(exc, "synchronizer", self.address) from None
         live = [m.member_id for m in state.members if m.status not in GONE]
         if live:
             raise SetupError(

@@ -94,51 +94,64 @@ def _lex(text: str) -> list[tuple[int, list[_Word]]]:
         elif ch == "#" and word is None:
             while i < n and text[i] != "\n":
                 i += 1
-        elif ch == "'":
-            close = text.find("'", i + 1)
-            if close < 0:
-                raise ShellSyntaxError(f"line {line}: unclosed single quote")
+        elif ch in "'\"":
             word = word or _Word()
-            for c in text[i + 1 : close]:
-                word.add(False, c)
-            line += text.count("\n", i, close)
-            i = close + 1
-        elif ch == '"':
-            word = word or _Word()
-            j = i + 1
-            while j < n and text[j] != '"':
-                if text[j] == "\\" and j + 1 < n and text[j + 1] in '$`"\\\n':
-                    if text[j + 1] != "\n":
-                        word.add(False, text[j + 1])
-                    j += 2
-                    continue
-                word.add(True, text[j])
-                j += 1
-            if j >= n:
-                raise ShellSyntaxError(f"line {line}: unclosed double quote")
-            line += text.count("\n", i, j)
-            i = j + 1
+            end = (_single_quoted if ch == "'" else _double_quoted)(text, i, word, line)
+            line += text.count("\n", i, end)
+            i = end
         elif any(text.startswith(sep, i) for sep in _SEPARATORS):
             sep = next(s for s in _SEPARATORS if text.startswith(s, i))
             end_command()
             i += len(sep)
         elif ch == "$" and text.startswith("$(", i):
-            depth, j = 0, i + 1
-            while j < n:
-                depth += {"(": 1, ")": -1}.get(text[j], 0)
-                if depth == 0:
-                    break
-                j += 1
             word = word or _Word()
-            for c in text[i : j + 1]:
-                word.add(False, c)
-            i = j + 1
+            i = _command_substitution(text, i, word)
         else:
             word = word or _Word()
             word.add(True, ch)
             i += 1
     end_command()
     return commands
+
+
+def _single_quoted(text: str, i: int, word: _Word, line: int) -> int:
+    """Add the single-quoted string at `i` to `word` (nothing expands); the index after it."""
+    close = text.find("'", i + 1)
+    if close < 0:
+        raise ShellSyntaxError(f"line {line}: unclosed single quote")
+    for c in text[i + 1 : close]:
+        word.add(False, c)
+    return close + 1
+
+
+def _double_quoted(text: str, i: int, word: _Word, line: int) -> int:
+    """Add the double-quoted string at `i` to `word` (`$` expands, backslash escapes `$`, a backquote,
+    a double quote, a backslash and a newline); the index after it."""
+    j, n = i + 1, len(text)
+    while j < n and text[j] != '"':
+        if text[j] == "\\" and j + 1 < n and text[j + 1] in '$`"\\\n':
+            if text[j + 1] != "\n":
+                word.add(False, text[j + 1])
+            j += 2
+            continue
+        word.add(True, text[j])
+        j += 1
+    if j >= n:
+        raise ShellSyntaxError(f"line {line}: unclosed double quote")
+    return j + 1
+
+
+def _command_substitution(text: str, i: int, word: _Word) -> int:
+    """Add the `$(...)` at `i` to `word` as it is (not run, not expanded); the index after it."""
+    depth, j, n = 0, i + 1, len(text)
+    while j < n:
+        depth += {"(": 1, ")": -1}.get(text[j], 0)
+        if depth == 0:
+            break
+        j += 1
+    for c in text[i : j + 1]:
+        word.add(False, c)
+    return j + 1
 
 
 class _Expander:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from rft.v1 import experience_pb2
@@ -235,24 +236,27 @@ class BufferCore:
             await self._wait_change(event, remaining)
 
     async def ack(self, lease_id: str, consumer_group: str = "", epoch: int = 0, consumer: str = "") -> int:
-        if not lease_id:
-            raise ValidationError("lease_id", "empty")
-        check_text("lease_id", lease_id)
-        check_text("consumer", consumer)
-        if epoch < 0:
-            raise ValidationError("epoch", f"{epoch} must be >= 0 (0 = unfenced)")
-        n = await self.store.ack(self._group(consumer_group), lease_id, epoch, consumer)
-        self._notify()
-        return n
+        return await self._settle(self.store.ack, lease_id, consumer_group, epoch, consumer)
 
     async def nack(self, lease_id: str, consumer_group: str = "", epoch: int = 0, consumer: str = "") -> int:
+        return await self._settle(self.store.nack, lease_id, consumer_group, epoch, consumer)
+
+    async def _settle(
+        self,
+        settle: Callable[[str, str, int, str], Awaitable[int]],
+        lease_id: str,
+        consumer_group: str,
+        epoch: int,
+        consumer: str,
+    ) -> int:
+        """Ack or nack (`settle`, the store's) after checking the request's fields."""
         if not lease_id:
             raise ValidationError("lease_id", "empty")
         check_text("lease_id", lease_id)
         check_text("consumer", consumer)
         if epoch < 0:
             raise ValidationError("epoch", f"{epoch} must be >= 0 (0 = unfenced)")
-        n = await self.store.nack(self._group(consumer_group), lease_id, epoch, consumer)
+        n = await settle(self._group(consumer_group), lease_id, epoch, consumer)
         self._notify()
         return n
 

@@ -32,8 +32,8 @@ local stream, meta, versions = KEYS[1], KEYS[2], KEYS[3]
 local leases, deadlines, requeue, gstats, epochs = KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local expired, data = KEYS[9], KEYS[10]
 local group = ARGV[1]
--- how long an expired lease id is remembered (ms; the Redis store's ACKED_MEMORY_MS)
-local EXPIRED_MEMORY_MS = 86400000
+-- how long an expired lease id is remembered (ms; the Redis store's ACKED_KEPT_MS)
+local EXPIRED_KEPT_MS = 86400000
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -82,7 +82,7 @@ local function expire(now)
     end
     redis.call('ZREM', deadlines, lid)
   end
-  if #due > 0 then redis.call('ZREMRANGEBYSCORE', expired, '-inf', now - EXPIRED_MEMORY_MS) end
+  if #due > 0 then redis.call('ZREMRANGEBYSCORE', expired, '-inf', now - EXPIRED_KEPT_MS) end
 end
 
 local function id_lt(a, b)
@@ -276,10 +276,10 @@ return out
 """
 )
 
-# KEYS: the group keys + P:g:G:acked:<lease_id>. ARGV: group, lease_id, mode ('ack' | 'nack'), memory_ms,
+# KEYS: the group keys + P:g:G:acked:<lease_id>. ARGV: group, lease_id, mode ('ack' | 'nack'), kept_ms,
 # epoch, consumer ('' = not said). Returns {1, n}, {-1} unknown (or settled), {-2} expired, {-3, current} /
 # {-5, current} (the consumer's epoch is newer / older than `epoch`), {-6, lease epoch} (the lease was taken
-# with another epoch). Acking an acked lease again answers {1, n} for `memory_ms`, so a trainer may retry
+# with another epoch). Acking an acked lease again answers {1, n} for `kept_ms`, so a trainer may retry
 # an Ack whose reply was lost.
 SETTLE = (
     COMMON

@@ -35,8 +35,8 @@ from services.common.log import get_logger
 log = get_logger("buffer.redis")
 
 # How long an acked lease is remembered so a retried Ack is answered with the same count (an expired
-# lease is remembered as long, in redis_scripts' EXPIRED_MEMORY_MS, so that Ack/Nack says it expired).
-ACKED_MEMORY_MS = 24 * 3600 * 1000
+# lease is remembered as long, in redis_scripts' EXPIRED_KEPT_MS, so that Ack/Nack says it expired).
+ACKED_KEPT_MS = 24 * 3600 * 1000
 
 
 def _int_map(flat: list[bytes]) -> dict[str, int]:
@@ -155,7 +155,7 @@ class RedisStore:
     async def _settle(self, consumer_group: str, lease_id: str, mode: str, epoch: int, consumer: str) -> int:
         keys = self._group_keys(consumer_group) + [self._key(f"g:{consumer_group}:acked:{lease_id}")]
         res = await self._run(
-            "SETTLE", keys, [consumer_group, lease_id, mode, ACKED_MEMORY_MS, epoch, consumer]
+            "SETTLE", keys, [consumer_group, lease_id, mode, ACKED_KEPT_MS, epoch, consumer]
         )
         code = int(res[0])  # type: ignore[index]
         if code in (-3, -5):

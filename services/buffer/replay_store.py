@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from rft.v1 import buffer_pb2
 
-from services.buffer.memory_store import ACKED_MEMORY, now_ms
+from services.buffer.in_process_store import ACKED_IDS_KEPT, now_ms
 from services.buffer.records import (
     GroupRecord,
     LeaseOutcome,
@@ -133,7 +133,7 @@ class ReplayStore:
             for seq in self._leases.pop(lease_id).seqs:
                 self._items[seq].leased = False
             self._expired[lease_id] = None
-        while len(self._expired) > ACKED_MEMORY:
+        while len(self._expired) > ACKED_IDS_KEPT:
             self._expired.popitem(last=False)
 
     def _payload(self, item: _Item) -> bytes:

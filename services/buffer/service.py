@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 from prometheus_client import REGISTRY
 
-from services.buffer import memory_store, redis_store  # noqa: F401 - register the stores
+from services.buffer import in_process_store, redis_store  # noqa: F401 - register the stores
 from services.buffer.core import BufferCore
 from services.buffer.metrics import BufferCollector
 from services.buffer.replay_store import ReplayStore

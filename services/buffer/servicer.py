@@ -15,7 +15,8 @@ serialized again, and GetBatch answers with response bytes assembled from the st
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import grpc
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -126,20 +127,23 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
     async def Ack(
         self, request: buffer_pb2.AckRequest, context: grpc.aio.ServicerContext
     ) -> buffer_pb2.AckResponse:
-        n = await _guard(
-            context,
-            lambda: self.core.ack(request.lease_id, request.consumer_group, request.epoch, request.consumer),
-        )
-        return buffer_pb2.AckResponse(acked=n)
+        return buffer_pb2.AckResponse(acked=await self._settle(self.core.ack, request, context))
 
     async def Nack(
         self, request: buffer_pb2.NackRequest, context: grpc.aio.ServicerContext
     ) -> buffer_pb2.NackResponse:
-        n = await _guard(
-            context,
-            lambda: self.core.nack(request.lease_id, request.consumer_group, request.epoch, request.consumer),
+        return buffer_pb2.NackResponse(returned=await self._settle(self.core.nack, request, context))
+
+    @staticmethod
+    async def _settle(
+        settle: Callable[[str, str, int, str], Awaitable[int]],
+        request: buffer_pb2.AckRequest | buffer_pb2.NackRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> int:
+        """An Ack or Nack request through `settle` (the core's ack or nack)."""
+        return await _guard(
+            context, lambda: settle(request.lease_id, request.consumer_group, request.epoch, request.consumer)
         )
-        return buffer_pb2.NackResponse(returned=n)
 
     async def OpenConsumer(
         self, request: buffer_pb2.OpenConsumerRequest, context: grpc.aio.ServicerContext
@@ -185,6 +189,13 @@ def _bytes_or_message(response: bytes | buffer_pb2.GetBatchResponse) -> bytes:
     return response if isinstance(response, bytes) else response.SerializeToString()
 
 
+def _plain(method: Any, request: Any, response: Any) -> grpc.RpcMethodHandler:
+    """A unary handler with the generated serializers of its `request` and `response` messages."""
+    return grpc.unary_unary_rpc_method_handler(
+        method, request_deserializer=request.FromString, response_serializer=response.SerializeToString
+    )
+
+
 def add_to_server(servicer: BufferServicer, server: grpc.aio.Server) -> None:
     """Like the generated `add_BufferServiceServicer_to_server`, with the serializers described above."""
     put_response = buffer_pb2.PutResponse.SerializeToString
@@ -202,26 +213,12 @@ def add_to_server(servicer: BufferServicer, server: grpc.aio.Server) -> None:
             request_deserializer=buffer_pb2.GetBatchRequest.FromString,
             response_serializer=_bytes_or_message,
         ),
-        "Ack": unary(
-            servicer.Ack,
-            request_deserializer=buffer_pb2.AckRequest.FromString,
-            response_serializer=buffer_pb2.AckResponse.SerializeToString,
+        "Ack": _plain(servicer.Ack, buffer_pb2.AckRequest, buffer_pb2.AckResponse),
+        "Nack": _plain(servicer.Nack, buffer_pb2.NackRequest, buffer_pb2.NackResponse),
+        "OpenConsumer": _plain(
+            servicer.OpenConsumer, buffer_pb2.OpenConsumerRequest, buffer_pb2.OpenConsumerResponse
         ),
-        "Nack": unary(
-            servicer.Nack,
-            request_deserializer=buffer_pb2.NackRequest.FromString,
-            response_serializer=buffer_pb2.NackResponse.SerializeToString,
-        ),
-        "OpenConsumer": unary(
-            servicer.OpenConsumer,
-            request_deserializer=buffer_pb2.OpenConsumerRequest.FromString,
-            response_serializer=buffer_pb2.OpenConsumerResponse.SerializeToString,
-        ),
-        "Stats": unary(
-            servicer.Stats,
-            request_deserializer=buffer_pb2.StatsRequest.FromString,
-            response_serializer=buffer_pb2.StatsResponse.SerializeToString,
-        ),
+        "Stats": _plain(servicer.Stats, buffer_pb2.StatsRequest, buffer_pb2.StatsResponse),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(SERVICE_NAME, handlers)

@@ -9,7 +9,7 @@ journal (`explorer/<id>.positions.jsonl`), so a restarted explorer can resume at
 (`rewind_to`): the step the trainer holds, so it never waits for weights that cannot come and the data
 a crash lost is explored again. Each start of the process is an incarnation (saved with the position)
 that goes into the batch ids, so experiences explored again never share an id with earlier ones.
-Before each step the sync gate may hold it (the synchronizer's plan). Eval tasksets run every `explorer.eval_interval` steps and on startup.
+Before each step the sync gate may hold it (the synchronizer's sync plan). Eval tasksets run every `explorer.eval_interval` steps and on startup.
 Every weight load is logged (`weights loaded`, with a SHA-256 of what the engines hold when
 `synchronizer.weight_digest` is on, to compare with the trainer's `weights sent`).
 With in-flight weight updates (`inflight`, an `InflightFollower`; inflight.py) new versions are also
@@ -325,7 +325,7 @@ class ExplorerCore:
             metrics.update(
                 {
                     "time/wait_explore_step": t_wait,
-                    **self.gate.step_metrics(),  # t_wait split: blocked on the plan / loading weights
+                    **self.gate.step_metrics(),  # t_wait split: blocked on the sync plan / loading weights
                     "time/run_execution": t_run,
                     "time/put_experiences": t_put,
                     "time/explore_step": time.perf_counter() - t0,

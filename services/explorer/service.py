@@ -56,10 +56,10 @@ from services.explorer.core import ExplorerCore, find_checkpoints
 from services.explorer.engines import build_engines
 from services.explorer.engines.placement import engine_devices
 from services.explorer.inflight import InflightFollower, enable_inflight, serialised
-from services.explorer.serve.service import build_endpoint, follow_run, serves_http
+from services.explorer.serve.endpoint import build_endpoint, follow_run, serves_http
 from services.explorer.servicer import ExplorerServicer, registration
 from services.explorer.settings import ExplorerSettings
-from services.explorer.sink import BufferSink, ExperienceSink, MemorySink
+from services.explorer.sink import BufferSink, ExperienceSink, ListSink
 from services.explorer.weight_receiver import WeightReceiver
 
 log = get_logger("explorer")
@@ -101,7 +101,7 @@ async def build_core(
     aux = await asyncio.to_thread(build_auxiliary_models, config.explorer.auxiliary_models, aux_devices)
     if sink is None:
         if config.mode == "bench":
-            sink = MemorySink()
+            sink = ListSink()
         else:
             s = config.services
             channel = create_channel(
@@ -253,7 +253,7 @@ def make_build(explorer_id: str | None = None, shard: str | None = None):
         core = await build_core(config, explorer_id=explorer_id, shard=shard)
         liveness.track("explore step", lambda: core.step)
         endpoint = build_endpoint(config, core) if serves_http(config) else None
-        servicer = ExplorerServicer(core, on_shutdown=_stop_process, serve=endpoint and endpoint.backend)
+        servicer = ExplorerServicer(core, on_shutdown=_stop_process, serve=endpoint and endpoint.core)
         client = await attach_synchronizer(config, core, servicer.weights)
         runner: asyncio.Task[None] | None = None
         if endpoint is not None:

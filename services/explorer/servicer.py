@@ -14,7 +14,7 @@ from services.common.rpc.errors import ErrorMap, Rule
 from services.common.weight_sync import GroupInfo, WeightSyncError
 from services.common.weight_sync.errors import GroupBrokenError, MissingChunkError, StaleGenerationError
 from services.explorer.core import ExplorerCore, find_checkpoints
-from services.explorer.serve.backend import ServeBackend
+from services.explorer.serve.endpoint_core import EndpointCore
 from services.explorer.serve.sessions import SessionError
 from services.explorer.tasksets import TasksetError
 from services.explorer.weight_receiver import WeightReceiver
@@ -53,12 +53,12 @@ class ExplorerServicer(explorer_pb2_grpc.ExplorerServiceServicer):
         self,
         core: ExplorerCore,
         on_shutdown: Callable[[], Any] | None = None,
-        serve: ServeBackend | None = None,
+        serve: EndpointCore | None = None,
     ):
         self.core = core
         self.weights = WeightReceiver(core)
         self.on_shutdown = on_shutdown
-        self.serve = serve  # the OpenAI-compatible endpoint's backend (mode serve), for Feedback/Commit
+        self.serve = serve  # the OpenAI-compatible endpoint's core (mode serve), for Feedback/Commit
 
     async def Explore(self, request: explorer_pb2.ExploreRequest, context: grpc.aio.ServicerContext):
         results = await _guard(context, lambda: self.core.explore(request.steps))
@@ -130,7 +130,7 @@ class ExplorerServicer(explorer_pb2_grpc.ExplorerServiceServicer):
         return explorer_pb2.ExplorerShutdownResponse()
 
     async def _serve_call(
-        self, context: grpc.aio.ServicerContext, call: Callable[[ServeBackend], Awaitable[T]]
+        self, context: grpc.aio.ServicerContext, call: Callable[[EndpointCore], Awaitable[T]]
     ) -> T:
         if self.serve is None:
             await context.abort(
@@ -143,7 +143,7 @@ class ExplorerServicer(explorer_pb2_grpc.ExplorerServiceServicer):
     async def Feedback(self, request: explorer_pb2.ServeFeedbackRequest, context: grpc.aio.ServicerContext):
         choice = request.choice_index if request.HasField("choice_index") else None
 
-        async def call(serve: ServeBackend) -> str:
+        async def call(serve: EndpointCore) -> str:
             return serve.feedback(request.reward, request.session_id, request.response_id, choice)
 
         return explorer_pb2.ServeFeedbackResponse(session_id=await self._serve_call(context, call))

@@ -1,4 +1,4 @@
-"""Where an explorer's experiences go: the buffer service (`BufferSink`) or a list (`MemorySink`).
+"""Where an explorer's experiences go: the buffer service (`BufferSink`) or a list (`ListSink`).
 
 Backpressure never loses data: when the buffer answers RESOURCE_EXHAUSTED (full, `on_full: reject`)
 the sink waits with a growing back-off and sends the same experiences again, as long as it takes; a
@@ -30,7 +30,7 @@ class ExperienceSink(Protocol):
     async def close(self) -> None: ...
 
 
-class MemorySink:
+class ListSink:
     """Keeps everything (tests, `explore` runs without a buffer)."""
 
     def __init__(self) -> None:

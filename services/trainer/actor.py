@@ -224,6 +224,51 @@ class Actor:
             "actor/lr": float(self.optimizer.param_groups[0]["lr"]),
         }
 
+    def _micro_loss(
+        self, micro: StepBatch, diff: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]]:
+        """One micro-batch's forward and loss: (loss, pg_loss, entropy loss, kl_loss, the policy loss
+        function's metrics); its rollout-vs-old probability differences are added to `diff`."""
+        mode, dev = self.loss_agg_mode, self.info.device
+        b = micro.batch
+        mask = b.response_mask.to(dev)
+        log_prob, entropy = policy_forward(
+            self.module,
+            micro,
+            self.settings.temperature,
+            dev,
+            entropy=True,
+            entropy_grad=self.entropy_coef != 0.0,
+            shape=self.shape,
+            chunk_tokens=self.settings.logits_chunk_tokens,
+        )
+        assert entropy is not None
+        # one update per batch: the policy before this step is the old policy (settings)
+        old = b.old_log_probs.to(dev) if b.old_log_probs is not None else log_prob.detach()
+        if b.rollout_log_probs is not None:
+            part = rollout_probs_diff(b.rollout_log_probs.to(dev), old, mask)
+            diff[:2] += part[:2]
+            diff[2] = max(diff[2], part[2])
+        baseline = b.require("ref_log_probs").to(dev) if self.loss_reads_ref else old
+        pg_loss, pg_metrics = self.loss_fn(
+            baseline,
+            log_prob,
+            b.advantages.to(dev) if b.advantages is not None else None,
+            mask,
+            mode,
+            dict(self.loss_cfg),
+            b.rollout_is_weights.to(dev) if b.rollout_is_weights is not None else None,
+        )
+        ent_loss = agg_loss(entropy, mask, mode)
+        loss = pg_loss - self.entropy_coef * ent_loss if self.entropy_coef else pg_loss
+        kl_loss = torch.zeros((), device=dev)
+        if self.kl_coef:
+            kl_loss, _ = compute_kl_loss(
+                log_prob, b.ref_log_probs.to(dev), mask, self.settings.preset.kl_loss_fn, mode
+            )
+            loss = loss + self.kl_coef * kl_loss
+        return loss, pg_loss, ent_loss, kl_loss, pg_metrics
+
     def _mini_batch_step(
         self, mini: StepBatch, params: list[nn.Parameter], diff: torch.Tensor, extra: dict[str, float]
     ) -> tuple[torch.Tensor, float]:
@@ -248,42 +293,7 @@ class Actor:
         for rows in accumulate(self.module, micro_batches, self.defer_sync):
             micro = mini.rows(rows)
             b = micro.batch
-            mask = b.response_mask.to(dev)
-            log_prob, entropy = policy_forward(
-                self.module,
-                micro,
-                self.settings.temperature,
-                dev,
-                entropy=True,
-                entropy_grad=self.entropy_coef != 0.0,
-                shape=self.shape,
-                chunk_tokens=self.settings.logits_chunk_tokens,
-            )
-            assert entropy is not None
-            # one update per batch: the policy before this step is the old policy (settings)
-            old = b.old_log_probs.to(dev) if b.old_log_probs is not None else log_prob.detach()
-            if b.rollout_log_probs is not None:
-                part = rollout_probs_diff(b.rollout_log_probs.to(dev), old, mask)
-                diff[:2] += part[:2]
-                diff[2] = max(diff[2], part[2])
-            baseline = b.require("ref_log_probs").to(dev) if self.loss_reads_ref else old
-            pg_loss, pg_metrics = self.loss_fn(
-                baseline,
-                log_prob,
-                b.advantages.to(dev) if b.advantages is not None else None,
-                mask,
-                mode,
-                dict(self.loss_cfg),
-                b.rollout_is_weights.to(dev) if b.rollout_is_weights is not None else None,
-            )
-            ent_loss = agg_loss(entropy, mask, mode)
-            loss = pg_loss - self.entropy_coef * ent_loss if self.entropy_coef else pg_loss
-            kl_loss = torch.zeros((), device=dev)
-            if self.kl_coef:
-                kl_loss, _ = compute_kl_loss(
-                    log_prob, b.ref_log_probs.to(dev), mask, self.settings.preset.kl_loss_fn, mode
-                )
-                loss = loss + self.kl_coef * kl_loss
+            loss, pg_loss, ent_loss, kl_loss, pg_metrics = self._micro_loss(micro, diff)
             scale = agg_normaliser(b.response_mask, mode) / global_norm if global_norm else 0.0
             (loss * (scale * world)).backward()
             token_share = float(b.response_mask.sum()) / global_tokens

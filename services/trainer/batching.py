@@ -1,6 +1,6 @@
 """How rows are split: across data-parallel ranks, into mini-batches and into micro-batches.
 
-Every rank holds the whole (global) step batch and computes the same deterministic plan, so no
+Every rank holds the whole (global) step batch and computes the same deterministic split, so no
 rank needs to ask another how many micro-batches it will run: FSDP2 needs every rank to run the
 same number of forward/backward passes, and here that holds by construction.
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["balanced_partition", "micro_batch_plan", "shard_rows"]
+__all__ = ["balanced_partition", "split_micro_batches", "shard_rows"]
 
 
 def balanced_partition(
@@ -48,7 +48,7 @@ def shard_rows(rows: Sequence[int], lengths: Sequence[int], world_size: int) -> 
     return balanced_partition(list(rows), [lengths[r] for r in rows], world_size, equal_size=True)
 
 
-def micro_batch_plan(
+def split_micro_batches(
     shards: Sequence[Sequence[int]],
     lengths: Sequence[int],
     micro_batch_size: int | None,

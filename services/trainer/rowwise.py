@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from services.trainer.batching import micro_batch_plan, shard_rows
+from services.trainer.batching import shard_rows, split_micro_batches
 from services.trainer.collate import StepBatch
 from services.trainer.distributed import DistInfo
 
@@ -42,7 +42,7 @@ def local_micro_batches(step: StepBatch, info: DistInfo, how: MicroBatching) -> 
     rows = step.seq_lengths
     lengths = [sum(rows[u * k : (u + 1) * k]) for u in range(step.size // k)]
     shards = shard_rows(range(len(lengths)), lengths, info.world_size)
-    plan = micro_batch_plan(shards, lengths, how.micro_batch_size, how.token_budget)
+    plan = split_micro_batches(shards, lengths, how.micro_batch_size, how.token_budget)
     return [[u * k + j for u in units for j in range(k)] for units in plan[info.rank]]
 
 

@@ -6,7 +6,7 @@ With a synchronizer address (`services.synchronizer.address` or `host`+`port`, o
 `RFT_SYNCHRONIZER_ADDRESS`/`_PORT`) the trainer registers as member `trainer`, heartbeats, and syncs
 after each step through `TrainerSyncHook` with `synchronizer.sync_method` (memory: pushes to the
 synchronizer; checkpoint: writes and notifies; nccl: joins the group the synchronizer hands out and
-broadcasts) on the synchronizer's plan. Without one, weights move only on SyncWeights RPCs.
+broadcasts) on the synchronizer's sync plan. Without one, weights move only on SyncWeights RPCs.
 
 `trainer.auto_start`: the service trains on its own (`TrainerCore.run`) until `total_steps` or, with
 a synchronizer, until every explorer that joined has finished its data (STOPPED; a FAILED or LOST one

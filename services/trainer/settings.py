@@ -197,51 +197,13 @@ class TrainerSettings:
         res = resolve(config)
         alg, tr = config.algorithm, config.trainer
         extra = _flatten(tr.trainer_config)
-        overrides = {
-            name: getattr(alg, name)
-            for name in (
-                "advantage_fn",
-                "advantage_fn_args",
-                "kl_penalty_fn",
-                "kl_penalty_fn_args",
-                "policy_loss_fn",
-                "policy_loss_fn_args",
-                "kl_loss_fn",
-                "kl_loss_fn_args",
-                "entropy_loss_fn",
-                "entropy_loss_fn_args",
-                "loss_agg_mode",
-                "reward_manager",
-                "reward_manager_args",
-            )
-        }
-        overrides["repeat_times"] = alg.repeat_times
-        verl_kl = {arg: extra[key] for key, arg in _VERL_KL_CTRL.items() if key in extra}
-        if verl_kl:
-            overrides["kl_penalty_fn_args"] = verl_kl | dict(alg.kl_penalty_fn_args or {})
-        preset = resolve_preset(alg.algorithm_type, overrides)
+        preset = _preset(alg, extra)
         train_bs = res.train_batch_size
-        mini = extra.get("actor_rollout_ref.actor.ppo_mini_batch_size")
-        mini_bs = int(mini) * alg.repeat_times if mini else train_bs
-        if train_bs % mini_bs:
-            raise ValueError(
-                f"train batch size {train_bs} is not a multiple of the mini-batch size {mini_bs} "
-                "(trainer_config actor_rollout_ref.actor.ppo_mini_batch_size x repeat_times)"
-            )
-        mini_bs *= 2 if preset.pairwise else 1  # rows: a pair experience is two rows
+        mini_bs = _mini_batch_rows(extra, alg.repeat_times, train_bs, preset.pairwise)
         tasksets = res.tasksets
         temperature = (res.temperature(tasksets[0]) if tasksets else config.model.temperature) or 1.0
         actor_optim = OptimSettings.from_config(alg.optimizer, tr.grad_clip)
-        critic_optim = dataclasses.replace(
-            actor_optim,
-            lr=float(extra.get("critic.optim.lr", actor_optim.lr)),
-            warmup_steps=int(extra.get("critic.optim.lr_warmup_steps", actor_optim.warmup_steps)),
-            warmup_ratio=float(extra.get("critic.optim.lr_warmup_steps_ratio", actor_optim.warmup_ratio)),
-            min_lr_ratio=float(extra.get("critic.optim.min_lr_ratio", actor_optim.min_lr_ratio)),
-            scheduler=str(extra.get("critic.optim.lr_scheduler_type", actor_optim.scheduler)),
-            weight_decay=float(extra.get("critic.optim.weight_decay", actor_optim.weight_decay)),
-            grad_clip=float(extra.get("critic.grad_clip", tr.grad_clip)),
-        )
+        critic_optim = _critic_optim(extra, actor_optim, tr.grad_clip)
         return cls(
             model_path=config.model.model_path,
             critic_model_path=res.critic_model_path,
@@ -263,7 +225,7 @@ class TrainerSettings:
             actor_optim=actor_optim,
             critic_optim=critic_optim,
             cliprange_value=float(extra.get("critic.cliprange_value", 0.5)),
-            total_steps=config.buffer.total_steps or tr.total_steps,
+            total_steps=res.total_steps,
             save_interval=tr.save_interval,
             save_hf_checkpoint=tr.save_hf_checkpoint,
             max_checkpoints_to_keep=tr.max_checkpoints_to_keep,
@@ -294,3 +256,56 @@ class TrainerSettings:
             sync_method=sync_method(config.synchronizer.sync_method, config.synchronizer.wire_dtype),
             sync_plan=res.sync_plan,
         )
+
+
+def _preset(alg: Any, extra: dict[str, Any]) -> AlgorithmPreset:
+    """The algorithm's preset with the config's explicit choices (and veRL's kl_ctrl keys) on top."""
+    overrides = {
+        name: getattr(alg, name)
+        for name in (
+            "advantage_fn",
+            "advantage_fn_args",
+            "kl_penalty_fn",
+            "kl_penalty_fn_args",
+            "policy_loss_fn",
+            "policy_loss_fn_args",
+            "kl_loss_fn",
+            "kl_loss_fn_args",
+            "entropy_loss_fn",
+            "entropy_loss_fn_args",
+            "loss_agg_mode",
+            "reward_manager",
+            "reward_manager_args",
+        )
+    }
+    overrides["repeat_times"] = alg.repeat_times
+    verl_kl = {arg: extra[key] for key, arg in _VERL_KL_CTRL.items() if key in extra}
+    if verl_kl:
+        overrides["kl_penalty_fn_args"] = verl_kl | dict(alg.kl_penalty_fn_args or {})
+    return resolve_preset(alg.algorithm_type, overrides)
+
+
+def _mini_batch_rows(extra: dict[str, Any], repeat_times: int, train_bs: int, pairwise: bool) -> int:
+    """Rows per mini-batch: veRL's ppo_mini_batch_size x repeat_times (default: the whole batch)."""
+    mini = extra.get("actor_rollout_ref.actor.ppo_mini_batch_size")
+    mini_bs = int(mini) * repeat_times if mini else train_bs
+    if train_bs % mini_bs:
+        raise ValueError(
+            f"train batch size {train_bs} is not a multiple of the mini-batch size {mini_bs} "
+            "(trainer_config actor_rollout_ref.actor.ppo_mini_batch_size x repeat_times)"
+        )
+    return mini_bs * (2 if pairwise else 1)  # rows: a pair experience is two rows
+
+
+def _critic_optim(extra: dict[str, Any], actor_optim: OptimSettings, grad_clip: float) -> OptimSettings:
+    """The critic's optimizer: the actor's, with veRL's critic.optim.* keys on top."""
+    return dataclasses.replace(
+        actor_optim,
+        lr=float(extra.get("critic.optim.lr", actor_optim.lr)),
+        warmup_steps=int(extra.get("critic.optim.lr_warmup_steps", actor_optim.warmup_steps)),
+        warmup_ratio=float(extra.get("critic.optim.lr_warmup_steps_ratio", actor_optim.warmup_ratio)),
+        min_lr_ratio=float(extra.get("critic.optim.min_lr_ratio", actor_optim.min_lr_ratio)),
+        scheduler=str(extra.get("critic.optim.lr_scheduler_type", actor_optim.scheduler)),
+        weight_decay=float(extra.get("critic.optim.weight_decay", actor_optim.weight_decay)),
+        grad_clip=float(extra.get("critic.grad_clip", grad_clip)),
+    )

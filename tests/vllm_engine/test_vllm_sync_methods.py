@@ -41,7 +41,7 @@ from services.common.weight_sync import (
 )
 from services.explorer.core import ExplorerCore
 from services.explorer.settings import ExplorerSettings
-from services.explorer.sink import MemorySink
+from services.explorer.sink import ListSink
 from services.explorer.weight_receiver import WeightReceiver
 from services.synchronizer.core import SynchronizerCore
 from services.synchronizer.servicer import registration
@@ -123,7 +123,7 @@ class SyncRun:
         )  # fmt: skip
         # the explorer's side, wired as services/explorer/service.py attach_synchronizer does
         settings = ExplorerSettings.from_config(RFTConfig(checkpoint_root_dir=str(self.tmp / "ckpt")))
-        self.explorer = ExplorerCore(settings, engines=[self.engine], sink=MemorySink(), explorer_id="e0")
+        self.explorer = ExplorerCore(settings, engines=[self.engine], sink=ListSink(), explorer_id="e0")
         self.receiver = WeightReceiver(self.explorer)
         self._closers.append(lambda: self.receiver.teardown(0))
         self.fetch = self.method.fetch(

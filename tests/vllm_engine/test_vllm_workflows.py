@@ -31,9 +31,9 @@ from services.explorer.engines.base import GenerationOutput, per_prompt_params
 from services.explorer.engines.weights import read_safetensors_folder
 from services.explorer.model_wrapper import ModelWrapper
 from services.explorer.runner import WorkflowRunner
-from services.explorer.serve.service import Endpoint
+from services.explorer.serve.endpoint import Endpoint
 from services.explorer.settings import ExplorerSettings
-from services.explorer.sink import MemorySink
+from services.explorer.sink import ListSink
 from services.explorer.tasks import Task
 from services.explorer.workflows.arithmetic import arithmetic_reward
 from tests.unit.explorer.fakes import sampling
@@ -149,7 +149,7 @@ def _config(tmp_path: Path, model_dir: Path, *, mode: str = "explore", train=Non
 
 async def _core(config, engine, **kw) -> ExplorerCore:
     """A core whose only engine is the shared one (`_close` leaves the engine running)."""
-    core = ExplorerCore(ExplorerSettings.from_config(config), engines=[engine], sink=MemorySink(),
+    core = ExplorerCore(ExplorerSettings.from_config(config), engines=[engine], sink=ListSink(),
                         explorer_id="vx", **kw)  # fmt: skip
     if config.mode == "serve":
         core.status = "RUNNING"

@@ -153,6 +153,12 @@ class Resolved:
         mml = self.max_model_len
         return 2 * mml // t.ulysses_sequence_parallel_size if mml else None
 
+    @property
+    def total_steps(self) -> int | None:
+        """The trainer's steps in the stage: `buffer.total_steps`, else `trainer.total_steps` (None:
+        until the data ends). The one place this choice is made."""
+        return self.config.buffer.total_steps or self.config.trainer.total_steps
+
     @cached_property
     def sync_plan(self) -> SyncPlan:
         """The typed sync policy of `synchronizer.sync_style` (services/common/sync_policy.py)."""

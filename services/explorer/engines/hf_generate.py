@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import DynamicCache
@@ -87,9 +88,9 @@ class HFGenerator:
                 out[i] = result
         return out  # type: ignore[return-value]
 
-    def _micro_batch(self, rows: Sequence[Row]) -> list[GenerationOutput]:
-        device, batch = self.device, len(rows)
-        width = max(len(r.prompt) for r in rows)
+    def _left_padded(self, rows: Sequence[Row]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The prompts right-aligned in one (rows, width) batch: token ids, key mask, positions."""
+        batch, width = len(rows), max(len(r.prompt) for r in rows)
         ids = torch.full((batch, width), self.pad_token_id, dtype=torch.long)
         # the lean forward takes a boolean key mask; transformers takes 0/1 integers
         mask = torch.zeros((batch, width), dtype=torch.bool if self.lean is not None else torch.long)
@@ -97,8 +98,38 @@ class HFGenerator:
             if r.prompt:
                 ids[i, width - len(r.prompt) :] = torch.tensor(r.prompt, dtype=torch.long)
                 mask[i, width - len(r.prompt) :] = True
-        ids, mask = ids.to(device), mask.to(device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
+    def _next_logits(self, step_ids: torch.Tensor, step_pos: torch.Tensor, mask: torch.Tensor, cache: Any):
+        """The last position's logits of one decoding step (the lean forward or transformers')."""
+        if self.lean is not None:
+            return self.lean.forward(step_ids, step_pos, mask, cache)
+        return self.model(
+            input_ids=step_ids,
+            attention_mask=mask,
+            position_ids=step_pos,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        ).logits[:, -1, :]
+
+    @staticmethod
+    def _block_early_stops(
+        logits: torch.Tensor, stop_ids: torch.Tensor, min_len: torch.Tensor, active: torch.Tensor, t: int
+    ) -> torch.Tensor:
+        """No stop before min_tokens (vLLM): stop ids of rows still short get no mass."""
+        ids_now = stop_ids[active]
+        vocab = logits.shape[-1]
+        short = (t < min_len[active]).unsqueeze(-1).expand_as(ids_now)
+        blocked = torch.zeros((logits.shape[0], vocab + 1), dtype=torch.bool, device=logits.device)
+        blocked.scatter_(-1, torch.where(ids_now >= 0, ids_now, vocab), short)  # -1 -> spare column
+        return logits.masked_fill(blocked[:, :vocab], float("-inf"))
+
+    def _micro_batch(self, rows: Sequence[Row]) -> list[GenerationOutput]:
+        device, batch = self.device, len(rows)
+        ids, mask, positions = self._left_padded(rows)
+        width = ids.shape[1]
 
         params = [r.params for r in rows]
         row_params = RowParams.build(params, device)
@@ -133,25 +164,9 @@ class HFGenerator:
                 cache, step_ids, step_pos = self._reprefill(ids, tokens, active, mask, t, width + max_new)
             if versions is not None:
                 versions[active, t] = self.version
-            if lean is not None:
-                logits = lean.forward(step_ids, step_pos, mask, cache)
-            else:
-                logits = self.model(
-                    input_ids=step_ids,
-                    attention_mask=mask,
-                    position_ids=step_pos,
-                    past_key_values=cache,
-                    use_cache=True,
-                    logits_to_keep=1,
-                ).logits[:, -1, :]
+            logits = self._next_logits(step_ids, step_pos, mask, cache)
             if stop_ids is not None and t < max_min_len:
-                # no stop before min_tokens (vLLM): stop ids of rows still short get no mass
-                ids_now = stop_ids[active]
-                vocab = logits.shape[-1]
-                short = (t < min_len[active]).unsqueeze(-1).expand_as(ids_now)
-                blocked = torch.zeros((logits.shape[0], vocab + 1), dtype=torch.bool, device=device)
-                blocked.scatter_(-1, torch.where(ids_now >= 0, ids_now, vocab), short)  # -1 -> spare column
-                logits = logits.masked_fill(blocked[:, :vocab], float("-inf"))
+                logits = self._block_early_stops(logits, stop_ids, min_len, active, t)
             if penalty is not None:
                 logits = apply_repetition_penalty(logits, seen[active], penalty[active])
             tok, lp, dist = sample_dist(logits, row_params, self.generator)
@@ -185,6 +200,13 @@ class HFGenerator:
             mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)
             step_ids = tok.unsqueeze(-1)
         outs = self._outputs(rows, tokens, logprobs, lengths, reason_stop, stop_cut)
+        return self._with_extras(outs, top_rec, versions)
+
+    @staticmethod
+    def _with_extras(
+        outs: list[GenerationOutput], top_rec: dict[int, list[list[tuple[int, float]]]], versions: Any
+    ) -> list[GenerationOutput]:
+        """The outputs with each row's top-k log-probs and per-token model versions, where recorded."""
         for i, rec in top_rec.items():
             outs[i].top_logprobs = rec
         if versions is not None:

@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from services.explorer.serve.backend import Answer
+from services.explorer.serve.endpoint_core import Answer
 from services.explorer.serve.sessions import Call
 
 
@@ -90,25 +90,31 @@ def _message(a: Answer) -> dict[str, Any]:
     return msg
 
 
-def chat_body(call: Call, sid: str, answers: list[Answer], model: str, logprobs: bool) -> dict[str, Any]:
+def _body(call: Call, sid: str, model: str, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+    """A whole (not streamed) answer of `kind` (`chat.completion`, `text_completion`)."""
     return {
         "id": call.call_id,
-        "object": "chat.completion",
+        "object": kind,
         "created": int(time.time()),
         "model": model,
-        "choices": [
-            {
-                "index": a.choice.index,
-                "message": _message(a),
-                "finish_reason": a.finish_reason,
-                "logprobs": _logprobs(a) if logprobs else None,
-            }  # fmt: skip
-            for a in answers
-        ],
+        "choices": choices,
         "usage": _usage(call),
         "session_id": sid,
         "model_version": min(c.model_version for c in call.choices),
     }
+
+
+def chat_body(call: Call, sid: str, answers: list[Answer], model: str, logprobs: bool) -> dict[str, Any]:
+    choices = [
+        {
+            "index": a.choice.index,
+            "message": _message(a),
+            "finish_reason": a.finish_reason,
+            "logprobs": _logprobs(a) if logprobs else None,
+        }
+        for a in answers
+    ]
+    return _body(call, sid, model, "chat.completion", choices)
 
 
 def chat_chunks(
@@ -143,24 +149,16 @@ def chat_chunks(
 def completion_body(
     call: Call, sid: str, answers: list[Answer], model: str, logprobs: bool = False
 ) -> dict[str, Any]:
-    return {
-        "id": call.call_id,
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [
-            {
-                "index": a.choice.index,
-                "text": a.choice.text,
-                "finish_reason": a.finish_reason,
-                "logprobs": completion_logprobs(a, call.prompt_text) if logprobs else None,
-            }
-            for a in answers
-        ],
-        "usage": _usage(call),
-        "session_id": sid,
-        "model_version": min(c.model_version for c in call.choices),
-    }
+    choices = [
+        {
+            "index": a.choice.index,
+            "text": a.choice.text,
+            "finish_reason": a.finish_reason,
+            "logprobs": completion_logprobs(a, call.prompt_text) if logprobs else None,
+        }
+        for a in answers
+    ]
+    return _body(call, sid, model, "text_completion", choices)
 
 
 def completion_chunks(

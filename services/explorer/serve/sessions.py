@@ -5,7 +5,7 @@ A session is one conversation of an application: several calls under one session
 the prompt token ids the engine saw and, per choice (`n` of them), the sampled token ids and their
 log-probs under the sampling distribution (engines/base.py), with the model version that produced them.
 
-Experiences of a session (multi-turn, as `workflows/multi_turn.py`): the backend encodes a prompt that
+Experiences of a session (multi-turn, as `workflows/multi_turn.py`): the endpoint core encodes a prompt that
 continues an earlier answer of the session (as text) as that answer's token ids plus the new text
 (`continuation`), so the model's tokens are never re-tokenized. A call whose prompt starts with
 the full token sequence of an earlier answer (the usual agent loop: the history plus the reply plus

@@ -155,10 +155,7 @@ class MultiTurnWorkflow(WorkflowBase):
 
     async def _episode(self, env: Environment) -> list[Experience]:
         self._tool_specs = self._tools(env)
-        parser = str(
-            self.args.get("tool_call_parser") or getattr(self.model, "tool_call_parser", None) or "hermes"
-        )
-        parse = TOOL_CALL_PARSERS.get(parser) if self._tool_specs else None  # a typo fails before sampling
+        parse = self._tool_call_parser() if self._tool_specs else None  # a typo fails before sampling
         call_tool = getattr(env, "call_tool", None)
         tool_calls = parse_errors = 0
         max_turns = int(self.args.get("max_turns", self.default_max_turns))
@@ -166,13 +163,7 @@ class MultiTurnWorkflow(WorkflowBase):
         per_turn = sampling.max_tokens  # the taskset's limit, per turn
         budget = int(self.args.get("max_response_tokens", per_turn * max_turns))
 
-        first = str(await maybe_await(env.reset(self.task)))
-        messages: list[dict[str, Any]] = []
-        if system := self.task.system_prompt():
-            messages.append({"role": "system", "content": system})
-        messages.append({"role": "user", "content": first})
-        prompt_text = self._render(messages)
-        prompt, _ = self.model.fit_prompt(self.model.encode_text(prompt_text))
+        messages, prompt_text, prompt = await self._opening(env)
         rendered = prompt_text
         response: list[int] = []
         mask: list[bool] = []
@@ -197,9 +188,7 @@ class MultiTurnWorkflow(WorkflowBase):
                 parse_errors += parsed.parse_errors
             if parsed is not None and parsed.tool_calls and call_tool is not None:
                 tool_calls += len(parsed.tool_calls)
-                for call in parsed.tool_calls:
-                    result = await maybe_await(call_tool(call))
-                    messages.append({"role": "tool", "tool_call_id": call.id, "content": str(result)})
+                messages += [await _tool_message(call_tool, call) for call in parsed.tool_calls]
                 if turn == max_turns - 1:
                     break
             else:
@@ -230,14 +219,29 @@ class MultiTurnWorkflow(WorkflowBase):
             info=info,
         )
         if any(r != 0.0 for _, r in turn_rewards[:-1]):  # a turn before the last one was rewarded
-            per_token = torch.zeros(len(response))
-            for position, r in turn_rewards:
-                per_token[position] += r
-            exp.token_level_rewards = per_token
+            exp.token_level_rewards = _per_token_rewards(turn_rewards, len(response))
         if self._tool_specs:
             exp.metrics |= {"tool_calls": float(tool_calls), "tool_parse_errors": float(parse_errors)}
         exp.metrics["accuracy"] = float(total_reward >= float(self.args.get("correct_threshold", 1.0)))
         return [exp]
+
+    def _tool_call_parser(self) -> Any:
+        """The parser of `tool_call_parser` (workflow args, else the model's; default `hermes`)."""
+        parser = str(
+            self.args.get("tool_call_parser") or getattr(self.model, "tool_call_parser", None) or "hermes"
+        )
+        return TOOL_CALL_PARSERS.get(parser)
+
+    async def _opening(self, env: Environment) -> tuple[list[dict[str, Any]], str, list[int]]:
+        """The first prompt: (messages, its rendered text, its token ids fitted to the prompt limit)."""
+        first = str(await maybe_await(env.reset(self.task)))
+        messages: list[dict[str, Any]] = []
+        if system := self.task.system_prompt():
+            messages.append({"role": "system", "content": system})
+        messages.append({"role": "user", "content": first})
+        prompt_text = self._render(messages)
+        prompt, _ = self.model.fit_prompt(self.model.encode_text(prompt_text))
+        return messages, prompt_text, prompt
 
     def _observation_tokens(
         self, messages: list[dict[str, Any]], rendered: str, action_ids: list[int], action_text: str
@@ -257,3 +261,17 @@ class MultiTurnWorkflow(WorkflowBase):
         else:
             text = self.model.render(tail)
         return self.model.encode_text(text), after
+
+
+async def _tool_message(call_tool: Any, call: Any) -> dict[str, Any]:
+    """The `tool` message answering one parsed tool call."""
+    result = await maybe_await(call_tool(call))
+    return {"role": "tool", "tool_call_id": call.id, "content": str(result)}
+
+
+def _per_token_rewards(turn_rewards: list[tuple[int, float]], length: int) -> torch.Tensor:
+    """Each turn's reward at the response position of its last token."""
+    per_token = torch.zeros(length)
+    for position, r in turn_rewards:
+        per_token[position] += r
+    return per_token

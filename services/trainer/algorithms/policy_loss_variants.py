@@ -31,6 +31,15 @@ __all__ = [
 ]
 
 
+def _metrics(clipfrac: float, neg_kl: torch.Tensor, response_mask: torch.Tensor) -> dict[str, float]:
+    """The variants' metrics: the clipped fraction, the old-vs-new KL, no lower clip."""
+    return {
+        "actor/pg_clipfrac": clipfrac,
+        "actor/ppo_kl": float(masked_mean(-neg_kl.detach(), response_mask)),
+        "actor/pg_clipfrac_lower": 0.0,
+    }
+
+
 @dataclass(frozen=True)
 class GSPOConfig(FrozenParams):
     """GSPO clip range on the sequence ratio; the paper uses ε_low = 3e-4, ε_high = 4e-4."""
@@ -65,11 +74,9 @@ def compute_policy_loss_gspo(
     losses2 = -advantages * torch.clamp(ratio, 1 - config.clip_ratio_low, 1 + config.clip_ratio_high)
     pg_losses = torch.maximum(losses1, losses2)
     loss = agg_loss(weighted(pg_losses, rollout_is_weights), response_mask, "seq-mean-token-mean")
-    return loss, {
-        "actor/pg_clipfrac": float(masked_mean(torch.gt(losses2, losses1).float(), response_mask)),
-        "actor/ppo_kl": float(masked_mean(-neg_kl.detach(), response_mask)),
-        "actor/pg_clipfrac_lower": 0.0,
-    }
+    return loss, _metrics(
+        float(masked_mean(torch.gt(losses2, losses1).float(), response_mask)), neg_kl, response_mask
+    )
 
 
 @dataclass(frozen=True)
@@ -98,11 +105,9 @@ def compute_policy_loss_cispo(
     clipped = torch.clamp(ratio, 1 - config.clip_ratio_low, 1 + config.clip_ratio_high)
     pg_losses = -clipped * advantages * log_prob
     loss = agg_loss(weighted(pg_losses, rollout_is_weights), response_mask, loss_agg_mode)
-    return loss, {
-        "actor/pg_clipfrac": float(masked_mean(torch.ne(ratio, clipped).float(), response_mask)),
-        "actor/ppo_kl": float(masked_mean(-neg_kl.detach(), response_mask)),
-        "actor/pg_clipfrac_lower": 0.0,
-    }
+    return loss, _metrics(
+        float(masked_mean(torch.ne(ratio, clipped).float(), response_mask)), neg_kl, response_mask
+    )
 
 
 @dataclass(frozen=True)
@@ -136,11 +141,7 @@ def compute_policy_loss_sapo(
     gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
     pg_losses = -gate * advantages
     loss = agg_loss(weighted(pg_losses, rollout_is_weights), response_mask, "seq-mean-token-mean")
-    return loss, {
-        "actor/pg_clipfrac": 0.0,
-        "actor/ppo_kl": float(masked_mean(-neg_kl.detach(), response_mask)),
-        "actor/pg_clipfrac_lower": 0.0,
-    }
+    return loss, _metrics(0.0, neg_kl, response_mask)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from services.buffer.memory_store import MemoryStore
+from services.buffer.in_process_store import InProcessStore
 from services.buffer.redis_store import RedisStore
 from tests.support.redis_server import RedisServer, require_redis_server
 
@@ -22,7 +22,7 @@ def redis_server():
 
 def make_store(kind: str, request: pytest.FixtureRequest, capacity: int):
     if kind == "memory":
-        return MemoryStore(capacity=capacity)
+        return InProcessStore(capacity=capacity)
     server = request.getfixturevalue("redis_server")
     return RedisStore(server.url, capacity=capacity, prefix=f"t-{uuid.uuid4().hex[:8]}")
 

@@ -22,10 +22,10 @@ from services.common.buffer_client import BufferClient
 from services.common.config import load_config
 from services.common.rpc import create_channel, start_server
 from services.common.tiny_model import make_tiny_model
-from services.explorer.serve.service import Endpoint
+from services.explorer.serve.endpoint import Endpoint
 from services.explorer.service import build_core
 from services.explorer.servicer import ExplorerServicer, registration
-from services.explorer.sink import BufferSink, MemorySink
+from services.explorer.sink import BufferSink, ListSink
 from services.explorer.workflows.arithmetic import make_arithmetic_rows
 from tests.support.conformance import conformance, statuses
 
@@ -142,12 +142,10 @@ monitor: {{monitor_type: none}}
 services: {{auth_token: {TOKEN}}}
 """
     )
-    core = await build_core(config, sink=MemorySink())
+    core = await build_core(config, sink=ListSink())
     endpoint = Endpoint(config, core)
     endpoint.start()
-    server = await start_server(
-        [registration(ExplorerServicer(core, serve=endpoint.backend))], auth_token=TOKEN
-    )
+    server = await start_server([registration(ExplorerServicer(core, serve=endpoint.core))], auth_token=TOKEN)
     try:
         code, output = await conformance("explorer", server.address, "--auth-token", TOKEN)
     finally:

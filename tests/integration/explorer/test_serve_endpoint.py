@@ -19,10 +19,10 @@ from services.common.config import load_config
 from services.common.rpc import create_channel, start_server
 from services.common.tiny_model import make_tiny_model
 from services.explorer.serve import responses
-from services.explorer.serve.service import Endpoint
+from services.explorer.serve.endpoint import Endpoint
 from services.explorer.service import build_core
 from services.explorer.servicer import ExplorerServicer, registration
-from services.explorer.sink import MemorySink
+from services.explorer.sink import ListSink
 
 TOKEN = "s3cret-token"
 
@@ -45,7 +45,7 @@ monitor: {{monitor_type: none}}
 services: {{auth_token: {TOKEN}}}
 """
     )
-    sink = MemorySink()
+    sink = ListSink()
     core = await build_core(config, sink=sink)
     endpoint = Endpoint(config, core)
     endpoint.start()
@@ -133,15 +133,15 @@ async def test_completions_models_and_health(served):
     endpoint, client, _, _ = served
     done = await client.completions.create(model="policy", prompt="the answer is", max_tokens=3)
     assert done.choices[0].finish_reason in ("stop", "length") and done.usage.completion_tokens <= 3
-    assert endpoint.backend.store.sessions[done.id].calls[0].prompt_text == "the answer is"
+    assert endpoint.core.store.sessions[done.id].calls[0].prompt_text == "the answer is"
     chunks = [
         c async for c in await client.completions.create(model="p", prompt="the", max_tokens=2, stream=True)
     ]
     assert chunks[-1].choices[0].finish_reason in ("stop", "length")
-    recorded = endpoint.backend.store.sessions[chunks[0].id].calls[0].choices[0].text
+    recorded = endpoint.core.store.sessions[chunks[0].id].calls[0].choices[0].text
     assert "".join(c.choices[0].text for c in chunks) == recorded
     models = await client.models.list()
-    assert [m.id for m in models.data] == [endpoint.backend.model_name]
+    assert [m.id for m in models.data] == [endpoint.core.model_name]
     async with httpx2.AsyncClient() as http:  # /health needs no token
         health = await http.get(endpoint.http.url.removesuffix("/v1") + "/health")
     assert health.json()["status"] == "ok" and health.json()["model_version"] == 0
@@ -149,7 +149,7 @@ async def test_completions_models_and_health(served):
 
 async def test_streams_send_text_as_it_is_sampled_and_top_logprobs_come_back(served):
     endpoint, client, _, _ = served
-    store = endpoint.backend.store
+    store = endpoint.core.store
     for k in range(6):  # a prompt whose answer has several tokens (the random model may end early)
         stream = await client.chat.completions.create(
             model="p", messages=[{"role": "user", "content": f"tell me {k}"}], max_tokens=8, n=2,
@@ -186,7 +186,7 @@ async def test_streamed_log_probs_come_token_by_token_and_add_up_to_the_answer(s
     """`stream` with `logprobs` (+ `top_logprobs`) is still token by token: each delta carries its own
     tokens' log-probs, and all of them together are the recorded answer's, in order."""
     endpoint, client, _, _ = served
-    store = endpoint.backend.store
+    store = endpoint.core.store
     for k in range(6):
         sid = f"lp-live-{k}"
         stream = await client.chat.completions.create(
@@ -225,7 +225,7 @@ async def test_streamed_log_probs_come_token_by_token_and_add_up_to_the_answer(s
 
 async def test_a_client_leaving_mid_stream_does_not_break_the_batch(served):
     endpoint, client, _, _ = served
-    store = endpoint.backend.store
+    store = endpoint.core.store
     msgs = [{"role": "user", "content": "a long story"}]
     stream = await client.chat.completions.create(
         model="p", messages=msgs, max_tokens=8, stream=True, extra_headers={"X-Session-Id": "gone"}
@@ -241,7 +241,7 @@ async def test_a_client_leaving_mid_stream_does_not_break_the_batch(served):
     for _ in range(100):  # the left call still finishes and is recorded as a whole answer
         if "gone" in store.sessions:
             break
-        await endpoint.backend.engines[0].generate([[1, 2]], endpoint.backend.sampling.replace(max_tokens=1))
+        await endpoint.core.engines[0].generate([[1, 2]], endpoint.core.sampling.replace(max_tokens=1))
     assert len(store.sessions["gone"].calls[0].choices[0].token_ids) > 0
 
 
@@ -271,7 +271,7 @@ async def test_errors_name_the_field_and_nothing_is_recorded(served):
     with pytest.raises(openai.NotFoundError) as err:
         await client.post("/commit", body={"session_ids": ["never-seen"]}, cast_to=httpx2.Response)
     assert "never-seen" in err.value.body["message"]
-    assert endpoint.backend.store.sessions == {}
+    assert endpoint.core.store.sessions == {}
     bad = openai.AsyncOpenAI(base_url=endpoint.http.url, api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError) as err:
         await bad.chat.completions.create(model="p", messages=msgs)
@@ -290,9 +290,7 @@ async def test_unrewarded_commit_is_refused_and_grpc_feedback_commit_work(served
     with pytest.raises(openai.BadRequestError) as err:
         await client.post("/commit", body={"session_ids": ["g"]}, cast_to=httpx2.Response)
     assert err.value.body["code"] == "unrewarded" and "'g'" in err.value.body["message"]
-    server = await start_server(
-        [registration(ExplorerServicer(core, serve=endpoint.backend))], auth_token=TOKEN
-    )
+    server = await start_server([registration(ExplorerServicer(core, serve=endpoint.core))], auth_token=TOKEN)
     channel = create_channel(server.address, auth_token=TOKEN, timeout_s=10)
     stub = explorer_pb2_grpc.ExplorerServiceStub(channel)
     try:
@@ -319,7 +317,7 @@ async def test_tools_are_rendered_into_the_prompt_and_tool_calls_parsed(served):
     resp = await client.chat.completions.create(
         model="p", messages=[{"role": "user", "content": "3+4?"}], tools=tools, max_tokens=3, user="tools"
     )
-    [call] = endpoint.backend.store.sessions["tools"].calls
+    [call] = endpoint.core.store.sessions["tools"].calls
     assert "calculator" in call.prompt_text and resp.choices[0].finish_reason in (
         "stop",
         "length",
@@ -328,7 +326,7 @@ async def test_tools_are_rendered_into_the_prompt_and_tool_calls_parsed(served):
     # a reply in the hermes format comes back as OpenAI tool_calls (the tiny model cannot write one)
     choice = call.choices[0]
     choice.text = 'ok <tool_call>\n{"name": "calculator", "arguments": {"expression": "3+4"}}\n</tool_call>'
-    [answer] = endpoint.backend._answers(endpoint.backend._model(), [choice], tools=True)
+    [answer] = endpoint.core._answers(endpoint.core._model(), [choice], tools=True)
     body = responses.chat_body(call, "tools", [answer], "p", logprobs=False)
     message = body["choices"][0]["message"]
     assert body["choices"][0]["finish_reason"] == "tool_calls" and message["content"] == "ok"

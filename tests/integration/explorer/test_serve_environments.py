@@ -15,9 +15,9 @@ import torch
 
 from services.common.config import load_config
 from services.common.tiny_model import make_tiny_model
-from services.explorer.serve.service import Endpoint
+from services.explorer.serve.endpoint import Endpoint
 from services.explorer.service import build_core
-from services.explorer.sink import MemorySink
+from services.explorer.sink import ListSink
 from services.explorer.workflows import ENVIRONMENTS
 from services.explorer.workflows.served import play_served_episode
 
@@ -44,7 +44,7 @@ explorer: {{serve: {{max_tokens: 6}}, rollout_model: {{micro_batch_size: 4}}}}
 monitor: {{monitor_type: none}}
 """
     )
-    sink = MemorySink()
+    sink = ListSink()
     core = await build_core(config, sink=sink)
     endpoint = Endpoint(config, core)
     endpoint.start()

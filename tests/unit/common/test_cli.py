@@ -20,9 +20,7 @@ def test_config_check_ok():
     assert result.exit_code == 0, result.output
     assert "train_batch_size=2048" in result.output
     # veRL keys this trainer does not read load with a warning naming their full path
-    assert (
-        "warning: trainer.trainer_config.actor_rollout_ref.model.use_remove_padding" in result.output
-    )
+    assert "warning: trainer.trainer_config.actor_rollout_ref.model.use_remove_padding" in result.output
     result = runner.invoke(app, ["config", "check", example])
     assert result.exit_code == 2
     assert (
@@ -32,8 +30,8 @@ def test_config_check_ok():
 
 
 def test_config_check_resolves_relative_paths_as_rft_run_does(tmp_path, monkeypatch):
-    from launcher.plan import plan_stages
     from launcher.preflight import PreflightError, preflight
+    from launcher.stages import run_stages
     from services.common.config import load_config
 
     (tmp_path / "tasks.jsonl").write_text("{}\n")
@@ -46,11 +44,11 @@ def test_config_check_resolves_relative_paths_as_rft_run_does(tmp_path, monkeypa
     result = runner.invoke(app, ["config", "check", "c.yaml"])
     assert result.exit_code == 2 and "model.model_path 'models/m'" in result.output
     with pytest.raises(PreflightError, match="model.model_path 'models/m'"):
-        preflight([s.config for s in plan_stages(load_config(cfg))])
+        preflight([s.config for s in run_stages(load_config(cfg))])
     (tmp_path / "models" / "m").mkdir(parents=True)
     result = runner.invoke(app, ["config", "check", "c.yaml"])
     assert result.exit_code == 0, result.output
-    preflight([s.config for s in plan_stages(load_config(cfg))])
+    preflight([s.config for s in run_stages(load_config(cfg))])
     monkeypatch.chdir(ROOT)  # from another folder both refuse the same relative path
     assert runner.invoke(app, ["config", "check", str(cfg)]).exit_code == 2
 

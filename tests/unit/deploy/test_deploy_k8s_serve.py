@@ -124,7 +124,7 @@ def test_the_explorer_serves_on_the_port_its_service_and_probe_name(explorer):
     assert set(container["readinessProbe"]) == {"httpGet", "periodSeconds", "timeoutSeconds"}
     for probe in ("startupProbe", "livenessProbe"):  # the gRPC server, as in the base
         assert container[probe]["grpc"] == {"port": ports["grpc"]}
-    app = (ROOT / "services" / "explorer" / "serve" / "app.py").read_text()
+    app = (ROOT / "services" / "explorer" / "serve" / "openai_app.py").read_text()
     assert '@app.get("/health")' in app
 
 

@@ -16,7 +16,7 @@ from services.explorer.core import ExplorationFailed, ExplorerCore, find_checkpo
 from services.explorer.metrics import eval_metrics, pass_at
 from services.explorer.runner import TaskResult
 from services.explorer.settings import ExplorerSettings
-from services.explorer.sink import MemorySink
+from services.explorer.sink import ListSink
 from services.explorer.tasks import Task
 from services.explorer.workflows import WORKFLOWS
 
@@ -97,7 +97,7 @@ async def _core(config, engine=None, explorer_id="ex1", **kw):
     core = ExplorerCore(
         ExplorerSettings.from_config(config),
         engines=[engine or ScriptedEngine(["#### 1"])],
-        sink=MemorySink(),
+        sink=ListSink(),
         explorer_id=explorer_id,
         **kw,
     )

@@ -14,7 +14,7 @@ from services.explorer.core import ExplorerCore
 from services.explorer.group_filter import fill_step, group_has_signal, sample_metric
 from services.explorer.runner import TaskResult
 from services.explorer.settings import ExplorerSettings
-from services.explorer.sink import MemorySink
+from services.explorer.sink import ListSink
 from services.explorer.tasks import Task
 from services.explorer.workflows import WORKFLOWS
 
@@ -113,7 +113,7 @@ explorer: {{eval_on_startup: false}}
     core = ExplorerCore(
         ExplorerSettings.from_config(config),
         engines=[ScriptedEngine(["7"])],
-        sink=MemorySink(),
+        sink=ListSink(),
         explorer_id="ex",
     )
     await core.start()

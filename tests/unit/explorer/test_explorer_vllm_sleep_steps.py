@@ -9,7 +9,7 @@ import json
 from services.common.config import load_config
 from services.explorer.core import ExplorerCore
 from services.explorer.settings import ExplorerSettings
-from services.explorer.sink import MemorySink
+from services.explorer.sink import ListSink
 
 from .fakes import ScriptedEngine
 
@@ -27,7 +27,7 @@ class SleepyEngine(ScriptedEngine):
         self.events.append("sleep")
 
 
-class RecordingSink(MemorySink):
+class RecordingSink(ListSink):
     def __init__(self, events: list[str]):
         super().__init__()
         self.events = events

@@ -1,13 +1,13 @@
 """The served endpoint's sampling arguments: `model.*` from the config (via `Resolved.sampling_params`),
-with the request's temperature, top_p, n, stop and token limit on top (services/explorer/serve/backend.py)."""
+with the request's temperature, top_p, n, stop and token limit on top (services/explorer/serve/endpoint_core.py)."""
 
 from __future__ import annotations
 
 from services.common.config import load_config
-from services.explorer.serve.backend import ServeBackend
+from services.explorer.serve.endpoint_core import EndpointCore
 from services.explorer.serve.protocol import CompletionRequest
 from services.explorer.serve.sessions import SessionStore
-from services.explorer.sink import MemorySink
+from services.explorer.sink import ListSink
 
 from .fakes import ScriptedEngine
 
@@ -18,7 +18,7 @@ async def test_the_endpoint_samples_with_the_model_section_and_the_requests_fiel
         "explorer: {serve: {max_tokens: 6}}"
     )
     engine = ScriptedEngine(["7 and more"])
-    backend = ServeBackend(config, [engine], MemorySink(), SessionStore(), "policy")
+    backend = EndpointCore(config, [engine], ListSink(), SessionStore(), "policy")
     req = CompletionRequest(prompt="3+4=", temperature=0.5, n=2, stop="\n")
     _, _, answers = await backend.complete(req, None)
     params = engine.calls[-1][1]

@@ -11,8 +11,8 @@ import yaml
 
 from launcher import run
 from launcher.gpus import VISIBLE, host_gpus, stage_gpus
-from launcher.plan import plan_stages
 from launcher.runner import StageOptions, StageRun
+from launcher.stages import run_stages
 from services.common.config import load_config
 from services.common.config.gpus import GpuPlacementError
 
@@ -35,7 +35,7 @@ def _config(tmp_path: Path, **sections) -> Path:
 
 def _children_env(config_file: Path, explorers: int, environ: dict[str, str]) -> dict[str, str | None]:
     """CUDA_VISIBLE_DEVICES of every process the stage would start (None: not set)."""
-    (stage,) = plan_stages(load_config(config_file, environ={}))
+    (stage,) = run_stages(load_config(config_file, environ={}))
     opts = StageOptions(explorers=explorers, environ=environ, live=False)
     run_ = StageRun(stage, stage.config.model.model_path, opts, multi_stage=False, label="t")
     return {p.name: p.env.get(VISIBLE) for wave in run_.waves for p in wave}
@@ -89,7 +89,9 @@ def test_misfits_name_the_numbers(tmp_path):
     two_nodes = load_config(_config(tmp_path, cluster={"node_num": 2, "gpu_per_node": 4}), environ={})
     with pytest.raises(GpuPlacementError, match="cluster.node_num is 2"):
         stage_gpus(two_nodes, explorers=1, environ={})
-    trainer_nodes = load_config(_config(tmp_path, cluster={"gpu_per_node": 0}, trainer={"nnodes": 2}), environ={})
+    trainer_nodes = load_config(
+        _config(tmp_path, cluster={"gpu_per_node": 0}, trainer={"nnodes": 2}), environ={}
+    )
     with pytest.raises(GpuPlacementError, match="trainer.nnodes is 2.*multi-node compose override"):
         stage_gpus(trainer_nodes, explorers=1, environ={})
 

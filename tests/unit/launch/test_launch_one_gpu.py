@@ -13,8 +13,8 @@ import yaml
 
 from launcher import run
 from launcher.gpus import VISIBLE, HostCuda, host_cuda, one_device_nccl, stage_gpus
-from launcher.plan import plan_stages
 from launcher.runner import StageOptions, StageRun
+from launcher.stages import run_stages
 from services.common.config import load_config
 from services.common.config.gpus import GpuPlacementError
 
@@ -31,7 +31,7 @@ def _config(tmp_path: Path, **sections) -> Path:
 
 
 def test_one_gpu_is_visible_to_the_trainer_and_the_explorer(tmp_path):
-    (stage,) = plan_stages(load_config(_config(tmp_path, cluster={"gpu_per_node": 1}), environ={}))
+    (stage,) = run_stages(load_config(_config(tmp_path, cluster={"gpu_per_node": 1}), environ={}))
     opts = StageOptions(explorers=1, environ={VISIBLE: "3"}, live=False)
     run_ = StageRun(stage, stage.config.model.model_path, opts, multi_stage=False, label="t")
     env = {p.name: p.env.get(VISIBLE) for wave in run_.waves for p in wave}

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from launcher import _main
-from launcher.plan import plan_stages
 from launcher.runner import StageOptions, stage_total_steps
+from launcher.stages import run_stages
 from launcher.summary import earlier_wall_time, read_summary, run_summary, write_summary
 from services.common.config import load_config
 
@@ -61,7 +61,7 @@ def _stage(
 
 def test_a_finished_run_started_again_keeps_its_summary(tmp_path, capsys):
     config = load_config(ROOT / "examples" / "quickstart.yaml", overrides=[f"checkpoint_root_dir={tmp_path}"])
-    stages = plan_stages(config)
+    stages = run_stages(config)
     assert [s.name for s in stages] == ["sft", "grpo"]
     sft_steps, grpo_steps = stage_total_steps(stages[0]), stage_total_steps(stages[1])
     sft = _stage(stages[0].job_dir, sft_steps, 30.0, 25.0, [])
@@ -96,7 +96,7 @@ def _single_stage(tmp_path: Path, total_steps: int):
         ROOT / "examples" / "quickstart.yaml",
         overrides=[f"checkpoint_root_dir={tmp_path}", "stages=[]", f"buffer.total_steps={total_steps}"],
     )
-    stages = plan_stages(config)
+    stages = run_stages(config)
     assert len(stages) == 1 and not stages[0].name
     return config, stages
 

@@ -1,4 +1,4 @@
-"""The HTTP routes of the served endpoint (FastAPI), over `ServeBackend`.
+"""The HTTP routes of the served endpoint (FastAPI), over `EndpointCore`.
 
     POST /v1/chat/completions   OpenAI chat (stream, n, temperature, top_p, max_tokens, stop, logprobs,
                                 tools/tool_choice); the answer is recorded under the session
@@ -37,7 +37,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 
 from services.explorer.serve import responses, streaming
-from services.explorer.serve.backend import ServeBackend
+from services.explorer.serve.endpoint_core import EndpointCore
 from services.explorer.serve.protocol import (
     ChatRequest,
     CommitRequest,
@@ -92,9 +92,41 @@ def _session(request: Request, body: Any) -> str | None:
     return sid
 
 
-def build_app(backend: ServeBackend, auth_token: str | None = None) -> FastAPI:
-    app = FastAPI(title="RFT Mesh serve", docs_url=None, redoc_url=None, openapi_url=None)
-    cfg = backend.cfg
+def _answer(body: Any, sid: str, stream: bool = False) -> Any:
+    headers = {"X-Session-Id": sid}
+    if stream:
+        return StreamingResponse(body, media_type="text/event-stream", headers=headers)
+    return JSONResponse(body, headers=headers)
+
+
+async def _live(core: EndpointCore, request: Request, req: Any, chat: bool, usage: bool) -> Any:
+    """Stream token by token (when the engines can; else the whole-answer chunks)."""
+    sid = _session(request, req)
+    if not core.streams_tokens:
+        run = core.chat if chat else core.complete
+        call, sid, answers = await run(req, sid)
+        name = core.model_name
+        if chat:
+            chunks = responses.chat_chunks(call, sid, answers, name, bool(req.logprobs), usage)
+        else:
+            chunks = responses.completion_chunks(call, sid, answers, name, req.logprobs is not None)
+        return _answer(chunks, sid, True)
+    call_id = f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}"
+    sid = sid or call_id
+    feed = streaming.TokenFeed()
+    run = core.chat if chat else core.complete
+    task, first = await streaming.start(feed, lambda: run(req, sid, feed.on_token, call_id))
+    stops = stop_strings(req.stop)
+    decoders = [streaming.IncrementalDecoder(core.tokenizer, stops) for _ in range(req.n)]
+    head = {"id": call_id, "object": "chat.completion.chunk" if chat else "text_completion",
+            "model": core.model_name, "session_id": sid}  # fmt: skip
+    lp = _streamed_logprobs(req, chat)
+    chunks = streaming.live_chunks(feed, task, first, decoders, head, chat, usage, lp)
+    return _answer(chunks, sid, True)
+
+
+def _guard(app: FastAPI, auth_token: str | None) -> None:
+    """The bearer-token check (all routes but /health) and every error as an OpenAI error body."""
     expected = f"Bearer {auth_token}".encode() if auth_token else None
 
     @app.middleware("http")
@@ -121,44 +153,19 @@ def build_app(backend: ServeBackend, auth_token: str | None = None) -> FastAPI:
         err = ServeError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}")
         return JSONResponse(err.body(), status_code=exc.status_code)
 
-    def _answer(body: Any, sid: str, stream: bool = False) -> Any:
-        headers = {"X-Session-Id": sid}
-        if stream:
-            return StreamingResponse(body, media_type="text/event-stream", headers=headers)
-        return JSONResponse(body, headers=headers)
 
-    async def _live(request: Request, req: Any, chat: bool, usage: bool) -> Any:
-        """Stream token by token (when the engines can; else the whole-answer chunks)."""
-        sid = _session(request, req)
-        if not backend.streams_tokens:
-            run = backend.chat if chat else backend.complete
-            call, sid, answers = await run(req, sid)
-            name = backend.model_name
-            if chat:
-                chunks = responses.chat_chunks(call, sid, answers, name, bool(req.logprobs), usage)
-            else:
-                chunks = responses.completion_chunks(call, sid, answers, name, req.logprobs is not None)
-            return _answer(chunks, sid, True)
-        call_id = f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}"
-        sid = sid or call_id
-        feed = streaming.TokenFeed()
-        run = backend.chat if chat else backend.complete
-        task, first = await streaming.start(feed, lambda: run(req, sid, feed.on_token, call_id))
-        stops = stop_strings(req.stop)
-        decoders = [streaming.IncrementalDecoder(backend.tokenizer, stops) for _ in range(req.n)]
-        head = {"id": call_id, "object": "chat.completion.chunk" if chat else "text_completion",
-                "model": backend.model_name, "session_id": sid}  # fmt: skip
-        lp = _streamed_logprobs(req, chat)
-        chunks = streaming.live_chunks(feed, task, first, decoders, head, chat, usage, lp)
-        return _answer(chunks, sid, True)
+def build_app(core: EndpointCore, auth_token: str | None = None) -> FastAPI:
+    app = FastAPI(title="RFT Mesh serve", docs_url=None, redoc_url=None, openapi_url=None)
+    cfg = core.cfg
+    _guard(app, auth_token)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": backend.model_name, "model_version": backend.model_version}
+        return {"status": "ok", "model": core.model_name, "model_version": core.model_version}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        card = {"id": backend.model_name, "object": "model", "created": 0, "owned_by": "rft-mesh"}
+        card = {"id": core.model_name, "object": "model", "created": 0, "owned_by": "rft-mesh"}
         return {"object": "list", "data": [card]}
 
     @app.post("/v1/chat/completions")
@@ -167,9 +174,9 @@ def build_app(backend: ServeBackend, auth_token: str | None = None) -> FastAPI:
         check_chat(req, cfg.max_n)
         usage = bool((req.stream_options or {}).get("include_usage"))
         if req.stream and not (req.tools and req.tool_choice != "none"):
-            return await _live(request, req, True, usage)
-        call, sid, answers = await backend.chat(req, _session(request, req))
-        name = backend.model_name
+            return await _live(core, request, req, True, usage)
+        call, sid, answers = await core.chat(req, _session(request, req))
+        name = core.model_name
         if req.stream:
             return _answer(responses.chat_chunks(call, sid, answers, name, req.logprobs, usage), sid, True)
         return _answer(responses.chat_body(call, sid, answers, name, req.logprobs), sid)
@@ -182,9 +189,9 @@ def build_app(backend: ServeBackend, auth_token: str | None = None) -> FastAPI:
                 400, f"n: {req.n} is above this server's limit {cfg.max_n} (explorer.serve.max_n)", "n"
             )
         if req.stream:
-            return await _live(request, req, False, False)
-        call, sid, answers = await backend.complete(req, _session(request, req))
-        lp, name = req.logprobs is not None, backend.model_name
+            return await _live(core, request, req, False, False)
+        call, sid, answers = await core.complete(req, _session(request, req))
+        lp, name = req.logprobs is not None, core.model_name
         if req.stream:
             return _answer(responses.completion_chunks(call, sid, answers, name, lp), sid, True)
         return _answer(responses.completion_body(call, sid, answers, name, lp), sid)
@@ -192,12 +199,12 @@ def build_app(backend: ServeBackend, auth_token: str | None = None) -> FastAPI:
     @app.post("/v1/feedback")
     async def feedback(request: Request) -> dict[str, Any]:
         req = await _parse(request, FeedbackRequest, cfg.max_body_bytes)
-        sid = backend.feedback(req.reward, req.session_id, req.response_id, req.choice_index)
+        sid = core.feedback(req.reward, req.session_id, req.response_id, req.choice_index)
         return {"session_id": sid, "reward": req.reward}
 
     @app.post("/v1/commit")
     async def commit(request: Request) -> dict[str, Any]:
         req = await _parse(request, CommitRequest, cfg.max_body_bytes)
-        return await backend.commit(req.session_ids)
+        return await core.commit(req.session_ids)
 
     return app

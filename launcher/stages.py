@@ -60,7 +60,7 @@ def _stage_trees(config: RFTConfig) -> list[tuple[str, dict[str, Any]]]:
     ]
 
 
-def plan_stages(config: RFTConfig) -> list[Stage]:
+def run_stages(config: RFTConfig) -> list[Stage]:
     """The stages of a run, each validated (model paths are set later, from the previous export)."""
     return [Stage(name, validate_tree(tree, f"stage {name!r}" if name else "<run>"))
             for name, tree in _stage_trees(config)]  # fmt: skip

@@ -16,9 +16,9 @@ from services.common.config import RFTConfig, resolve
 from services.common.log import get_logger
 from services.common.sync_client import SyncClient
 from services.explorer.core import ExplorerCore
-from services.explorer.serve.app import build_app
-from services.explorer.serve.backend import ServeBackend
-from services.explorer.serve.server import HttpServer, follow_weights
+from services.explorer.serve.endpoint_core import EndpointCore
+from services.explorer.serve.http_server import HttpServer, follow_weights
+from services.explorer.serve.openai_app import build_app
 from services.explorer.serve.sessions import SessionStore
 
 log = get_logger("explorer.serve")
@@ -30,18 +30,18 @@ def serves_http(config: RFTConfig) -> bool:
 
 
 class Endpoint:
-    """The backend, its FastAPI app and the HTTP server of one explorer."""
+    """The endpoint core, its FastAPI app and the HTTP server of one explorer."""
 
     def __init__(self, config: RFTConfig, core: ExplorerCore):
         rollout = config.explorer.rollout_model
         name = rollout.name or Path(rollout.model_path or config.model.model_path or "policy").name
         monitor = core.monitor
-        self.backend = ServeBackend(
+        self.core = EndpointCore(
             config, core.engines, core.sink, SessionStore(core.explorer_id, config.explorer.serve.max_open_sessions), name,
             on_commit=monitor.log if monitor is not None else None,
         )  # fmt: skip
         self.http = HttpServer(
-            build_app(self.backend, config.services.auth_token), config.explorer.serve.host,
+            build_app(self.core, config.services.auth_token), config.explorer.serve.host,
             config.explorer.serve.port,
         )  # fmt: skip
         self.run_dir = resolve(config).job_dir / "run"
@@ -53,9 +53,7 @@ class Endpoint:
                         "(RFT_AUTH_TOKEN)", host=self.http.host)  # fmt: skip
         self.http.start()
         self.http.write_url(self.run_dir)
-        log.info(
-            "serving the OpenAI-compatible endpoint", endpoint=self.http.url, model=self.backend.model_name
-        )
+        log.info("serving the OpenAI-compatible endpoint", endpoint=self.http.url, model=self.core.model_name)
 
     async def stop(self) -> None:
         await self.http.stop()

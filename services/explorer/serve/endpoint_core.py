@@ -51,7 +51,7 @@ def _text(content: Any) -> str:
     return "".join(p.get("text", "") for p in content if isinstance(p, Mapping))
 
 
-class ServeBackend:
+class EndpointCore:
     def __init__(
         self,
         config: RFTConfig,

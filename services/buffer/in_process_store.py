@@ -52,14 +52,14 @@ class _GroupState:
 
 # How many acked leases are remembered so a retried Ack is answered with the same count, and how many
 # expired ones, so that an Ack or Nack of one says it expired.
-ACKED_MEMORY = 100_000
+ACKED_IDS_KEPT = 100_000
 
 
 def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class MemoryStore:
+class InProcessStore:
     """A `Store` in this process's memory; lost when the process ends."""
 
     name = "memory"
@@ -130,7 +130,7 @@ class MemoryStore:
             state.requeue.extend(lease.seqs)
             state.pending_n -= lease.n
             self._expired[(group, lease_id)] = None
-        while len(self._expired) > ACKED_MEMORY:
+        while len(self._expired) > ACKED_IDS_KEPT:
             self._expired.popitem(last=False)
 
     def _finish(self, group: str, seq: int) -> None:
@@ -269,7 +269,7 @@ class MemoryStore:
             return done
         state, lease = self._take_lease(consumer_group, lease_id, epoch, consumer)
         self._acked[(consumer_group, lease_id)] = lease.n
-        while len(self._acked) > ACKED_MEMORY:
+        while len(self._acked) > ACKED_IDS_KEPT:
             self._acked.popitem(last=False)
         for seq in lease.seqs:
             self._finish(consumer_group, seq)
@@ -306,5 +306,5 @@ class MemoryStore:
 
 
 @STORES.register("memory")
-def _memory_store(endpoint, buffer) -> MemoryStore:  # noqa: ANN001 - config sections
-    return MemoryStore(capacity=buffer.capacity)
+def _in_process_store(endpoint, buffer) -> InProcessStore:  # noqa: ANN001 - config sections
+    return InProcessStore(capacity=buffer.capacity)

@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from launcher.offline_data import build_experiences, epochs_needed
-from launcher.plan import WAVES, child_env, effective_tree, plan_stages
 from launcher.progress import MetricsTail
+from launcher.stages import WAVES, child_env, effective_tree, run_stages
 from launcher.summary import run_summary, stage_summary
 from services.common.config import load_config, resolve, validate_tree
 from services.common.tiny_model import make_tiny_model
@@ -44,7 +44,7 @@ def test_launch_imports_only_common_and_itself():
 
 def test_quickstart_stages_and_effective_config(tmp_path):
     config = load_config(ROOT / "examples" / "quickstart.yaml", overrides=[f"checkpoint_root_dir={tmp_path}"])
-    stages = plan_stages(config)
+    stages = run_stages(config)
     assert [(s.name, s.config.mode, s.config.algorithm.algorithm_type) for s in stages] == [
         ("sft", "train", "sft"), ("grpo", "both", "grpo")]  # fmt: skip
     assert stages[1].job_dir == tmp_path / "quickstart" / "arithmetic" / "grpo"
@@ -65,7 +65,7 @@ def test_quickstart_stages_and_effective_config(tmp_path):
 )
 def test_the_written_config_resolves_the_one_gpu_defaults_as_the_users(rollout, share, sleep):
     text = f"model: {{max_response_tokens: 4}}\ncluster: {{gpu_per_node: 1}}\nexplorer: {{rollout_model: {rollout}}}\n"
-    (stage,) = plan_stages(load_config(text=text, environ={}))
+    (stage,) = run_stages(load_config(text=text, environ={}))
     written = resolve(validate_tree(effective_tree(stage, None, False)))
     assert written.rollout_gpu_memory_utilization == share
     assert written.rollout_model.enable_sleep_mode is sleep
