@@ -202,13 +202,14 @@ def replay_cmd(
     import json
 
     from launcher.replay import ReplayError, replay_steps
+    from services.common.plugins import PluginError
 
     if not job_dir.is_dir():
         typer.echo(f"{job_dir}: no such job folder", err=True)
         raise typer.Exit(2)
     try:
         results = replay_steps(job_dir, sorted(set(step)), tolerance)
-    except (ReplayError, ConfigError) as exc:
+    except (ReplayError, ConfigError, PluginError) as exc:
         typer.echo(f"rft replay: {exc}", err=True)
         raise typer.Exit(2) from None
     for result in results:

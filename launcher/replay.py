@@ -183,10 +183,12 @@ def _compare_weights(job_dir: Path, record: StepRecord, engine: Any, tol: float,
 def replay_steps(job_dir: Path, steps: list[int], tolerance: float | None = None) -> list[StepReplay]:
     """Replay each of `steps` (see the module docstring); raises `ReplayError` before any training
     when one of them cannot be replayed."""
+    from services.common.app import load_service_plugins
     from services.common.config import load_config
 
     job_dir = Path(job_dir)
     config = load_config(job_dir / "config.yaml")
+    load_service_plugins(config, str(job_dir / "config.yaml"))  # a plug-in loss trains as in the run
     tr = config.trainer
     if tr.nproc * tr.nnodes > 1:
         raise ReplayError(

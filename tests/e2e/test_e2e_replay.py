@@ -1,5 +1,5 @@
 """`rft replay` on a real run: a short Redis-store GRPO run (save_interval 1, replay records kept for
-the last 6 steps) whose trainer is SIGKILLed once and restarted by `rft run`. Replaying a step the first
+the last 5 steps) whose trainer is SIGKILLed once and restarted by `rft run`. Replaying a step the first
 trainer trained, the first step the restarted trainer trained and the last step gives the same weights
 bit for bit and the same metrics; a step past the retention exits 2 with the reason."""
 
@@ -19,7 +19,7 @@ from tests.support.rft_run import ROOT, env
 
 pytestmark = pytest.mark.slow
 
-TOTAL, KEEP = 8, 6
+TOTAL, KEEP = 6, 5
 
 
 def rft_replay(job, *steps: int) -> subprocess.CompletedProcess[str]:
@@ -38,7 +38,7 @@ def test_replayed_steps_match_bit_for_bit_across_a_trainer_kill(tmp_path):
         tree = yaml.safe_load(config.read_text())
         tree["trainer"] |= {"max_checkpoints_to_keep": None, "replay_keep_steps": KEEP}
         config.write_text(yaml.safe_dump(tree, sort_keys=False))
-        kill = Kill("trainer", 4, 0.0)
+        kill = Kill("trainer", 3, 0.0)
         campaign = run_campaign(config, job, [kill], tmp_path / "rft.log", timeout_s=200)
         assert campaign.returncode == 0, campaign.log[-4000:]
         assert campaign.audit.ok and campaign.audit.steps == TOTAL, campaign.audit
