@@ -341,8 +341,7 @@ class TrainerCore:
             StepLineage(self.global_step, leased.lease_id, tuple(experience_uid(e.eid) for e in experiences))
         )
         self._unacked.append((self.global_step, leased.lease_id))
-        if self.replay is not None:
-            await self._record_step(leased.lease_id, experiences, metrics)
+        recorded = await self._record_step(leased.lease_id, experiences, metrics) if self.replay else {}
         t2 = time.perf_counter()
         metrics = dict(metrics) | {
             "timing_s/read_experience": t1 - t0,
@@ -354,6 +353,7 @@ class TrainerCore:
             "sample/dropped_stale": float(self._dropped_stale),  # since the previous step
             "sample/dropped_stale_total": float(self.dropped_stale_total),
             **token_staleness,
+            **recorded,
             "sample/stale_tokens_masked": float(stale_tokens),
             "sample/task_count": float(len({e.eid.group_id for e in experiences})),
         }
@@ -374,10 +374,11 @@ class TrainerCore:
 
     async def _record_step(
         self, lease_id: str, experiences: list[Experience], metrics: Mapping[str, float]
-    ) -> None:
+    ) -> dict[str, float]:
         """Write the committed step's replay record (its batch, the engine's metrics, the weights'
-        digest); a failed write is logged, never fails the step."""
+        digest); returns its `timing_s/replay_record`. A failed write is logged, never fails the step."""
         assert self.replay is not None
+        t0 = time.perf_counter()
         try:
             digest = await asyncio.to_thread(lambda: weights_digest(self.engine.iter_state_dict()))
             await asyncio.to_thread(
@@ -385,6 +386,7 @@ class TrainerCore:
             )
         except OSError as exc:
             log.warning("replay record not written", step=self.global_step, error=str(exc))
+        return {"timing_s/replay_record": time.perf_counter() - t0}
 
     def _count_dropped(self, dropped: int, min_version: int) -> None:
         """The buffer dropped `dropped` experiences older than `min_version` for this lease."""
