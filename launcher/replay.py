@@ -15,15 +15,18 @@ past the records' retention, no saved state before it within retention, or a mul
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from pathlib import Path
 from typing import Any
 
-from services.common.lineage import latest_checkpoint, read_lineage
-from services.trainer.replay_record import StepRecord, read_record, record_steps
+import torch
 
-__all__ = ["ReplayError", "StepReplay", "plan_replay", "replay_steps"]
+from services.common.lineage import latest_checkpoint, read_lineage
+from services.trainer.replay_record import StepRecord, read_record, record_steps, weights_digest
+
+__all__ = ["ReplayError", "StepReplay", "compare_metrics", "compare_weights", "plan_replay", "replay_steps"]
 
 UNCOMPARED = ("timing_s/", "perf/throughput", "perf/time_per_step")
 
@@ -134,9 +137,10 @@ def _close(a: float, b: float, tol: float) -> bool:
     return a == b if tol == 0 else abs(a - b) <= tol * (1.0 + abs(b))
 
 
-def _compare_metrics(
+def compare_metrics(
     recorded: dict[str, float], replayed: dict[str, float], tol: float, out: StepReplay
 ) -> None:
+    """Every recorded metric but the wall-clock ones against the replayed value, into `out`."""
     for name, was in recorded.items():
         if name.startswith(UNCOMPARED):
             continue
@@ -146,38 +150,39 @@ def _compare_metrics(
             out.metrics_differing[name] = (was, now)
 
 
-def _compare_weights(job_dir: Path, record: StepRecord, engine: Any, tol: float, out: StepReplay) -> None:
-    import torch
+def compare_weights(
+    job_dir: Path, record: StepRecord, replayed: dict[str, torch.Tensor], tol: float, out: StepReplay
+) -> None:
+    """The replayed weights against the record's digest (and against the checkpoint of the step when
+    it is on disk: max abs diff); the first tensor that differs goes into `out`."""
+    from safetensors import safe_open
 
-    from services.trainer.replay_record import weights_digest
-
-    saved = job_dir / f"global_step_{record.step}" / "actor" / "model.safetensors"
-    replayed = dict(engine.iter_state_dict())
     digest = weights_digest(replayed.items())
-    out.tensors = len(record.weights)
-    for name, (digest_was, sum_was, norm_was) in record.weights.items():
-        now = digest.get(name)
-        if now is None:
-            out.first_tensor, out.tensor_detail = name, " (missing from the replayed model)"
-            return
-        same = (
-            now[0] == digest_was
-            if tol == 0
-            else _close(now[1], sum_was, tol) and _close(now[2], norm_was, tol)
-        )
-        diff = None
-        if saved.is_file():
-            from safetensors import safe_open
-
-            with safe_open(str(saved), framework="pt") as fh:
-                if name in fh.keys():  # noqa: SIM118 - safe_open has keys(), no __contains__
-                    ref = fh.get_tensor(name)
-                    diff = float((replayed[name].to(torch.float64) - ref.to(torch.float64)).abs().max())
-                    same = same and (diff <= tol if tol else True)
-        if not same:
-            out.first_tensor, out.max_abs_diff = name, diff
-            out.tensor_detail = f" (sum {now[1]!r} vs recorded {sum_was!r}, norm {now[2]!r} vs {norm_was!r})"
-            return
+    saved = job_dir / f"global_step_{record.step}" / "actor" / "model.safetensors"
+    with contextlib.ExitStack() as stack:
+        ckpt = stack.enter_context(safe_open(str(saved), framework="pt")) if saved.is_file() else None
+        names = set(ckpt.keys()) if ckpt is not None else set()
+        out.tensors = len(record.weights)
+        for name, (hash_was, sum_was, norm_was) in record.weights.items():
+            now = digest.get(name)
+            if now is None:
+                out.first_tensor, out.tensor_detail = name, " (missing from the replayed model)"
+                return
+            if tol == 0:
+                same = now[0] == hash_was
+            else:
+                same = _close(now[1], sum_was, tol) and _close(now[2], norm_was, tol)
+            diff = None
+            if name in names:
+                ref = ckpt.get_tensor(name).to(torch.float64)
+                diff = float((replayed[name].to(torch.float64) - ref).abs().max()) if ref.numel() else 0.0
+                same = same and diff <= tol
+            if not same:
+                out.first_tensor, out.max_abs_diff = name, diff
+                out.tensor_detail = (
+                    f" (sum {now[1]!r} vs recorded {sum_was!r}, norm {now[2]!r} vs {norm_was!r})"
+                )
+                return
 
 
 def replay_steps(job_dir: Path, steps: list[int], tolerance: float | None = None) -> list[StepReplay]:
@@ -197,8 +202,6 @@ def replay_steps(job_dir: Path, steps: list[int], tolerance: float | None = None
         )
     keep = {"replay_keep_steps": tr.replay_keep_steps, "replay_keep_bytes": tr.replay_keep_bytes}
     plans = [(s, *plan_replay(job_dir, s, keep)) for s in steps]
-
-    import torch
 
     from services.trainer.collate import collate
     from services.trainer.distributed import ensure_process_group
@@ -222,8 +225,8 @@ def replay_steps(job_dir: Path, steps: list[int], tolerance: float | None = None
             if record.threads:  # a CPU reduction's order depends on the thread count: the run's
                 torch.set_num_threads(record.threads)
             metrics = engine.train_step(collate(record.experiences(), engine.pad_token_id))
-            _compare_weights(job_dir, record, engine, tol, out)
-            _compare_metrics(record.metrics, metrics, tol, out)
+            compare_weights(job_dir, record, dict(engine.iter_state_dict()), tol, out)
+            compare_metrics(record.metrics, metrics, tol, out)
             if not out.ok or record.step == step:
                 out.step = record.step
                 results.append(out)
