@@ -185,6 +185,38 @@ def audit_cmd(
     raise typer.Exit(0 if result.ok else 1)
 
 
+@app.command("replay")
+def replay_cmd(
+    job_dir: Path,
+    step: Annotated[list[int], typer.Option("--step", "-s", help="the trainer step to replay (repeatable)")],
+    tolerance: Annotated[
+        float | None,
+        typer.Option(help="relative tolerance (default: 0, bit for bit, on the CPU; 1e-3 on a GPU)"),
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="print one JSON object per step")] = False,
+) -> None:
+    """Train step N of JOB_DIR again from the checkpoint before it, on the batch its lineage names, and
+    compare the weights and metrics with what the run recorded (docs/replay.md). Needs the run's replay
+    records (trainer.replay_keep_steps). Exit 0 every step matches, 1 one differs, 2 it cannot be replayed
+    (past retention, no saved state before it, a multi-rank run)."""
+    import json
+
+    from launcher.replay import ReplayError, replay_steps
+    from services.common.plugins import PluginError
+
+    if not job_dir.is_dir():
+        typer.echo(f"{job_dir}: no such job folder", err=True)
+        raise typer.Exit(2)
+    try:
+        results = replay_steps(job_dir, sorted(set(step)), tolerance)
+    except (ReplayError, ConfigError, PluginError) as exc:
+        typer.echo(f"rft replay: {exc}", err=True)
+        raise typer.Exit(2) from None
+    for result in results:
+        typer.echo(json.dumps(result.as_dict()) if json_out else "\n".join(result.lines()))
+    raise typer.Exit(0 if all(r.ok for r in results) else 1)
+
+
 @app.command("plot")
 def plot_cmd(
     job_dir: Path,

@@ -52,6 +52,7 @@ from services.common.monitor import Monitor
 from services.trainer.checkpoint import discard_after, find_latest, step_dir
 from services.trainer.collate import collate
 from services.trainer.engine import TrainEngine
+from services.trainer.replay_record import ReplayRecorder, weights_digest
 from services.trainer.settings import TrainerSettings
 from services.trainer.staleness import mask_stale_tokens, token_staleness_metrics
 
@@ -178,6 +179,16 @@ class TrainerCore:
         self._unlogged: dict[str, float] | None = None  # a committed step's metrics, until written
         self.lineage: list[StepLineage] = []  # every trained step of the run, restored from checkpoints
         self._unacked: list[tuple[int, str]] = []  # (step, lease id): trained, acked once durable
+        self.replay: ReplayRecorder | None = None  # per-step records for `rft replay` (one rank only)
+        if settings.replay_keep_steps:
+            if engine.world_size == 1:
+                self.replay = ReplayRecorder(
+                    settings.job_dir, settings.replay_keep_steps, settings.replay_keep_bytes
+                )
+            else:
+                log.warning(
+                    "trainer.replay_keep_steps: no replay records with several ranks (not supported yet)"
+                )
 
     # ---- lifecycle ----------------------------------------------------------------------------
     async def prepare(self) -> None:
@@ -198,6 +209,8 @@ class TrainerCore:
             unacked = [str(lid) for lid in state.get("unacked_leases", [])]
         if self.settings.resume:  # folders after the restored step hold steps that are trained again
             await asyncio.to_thread(discard_after, self.settings.job_dir, self.global_step)
+            if self.replay is not None:
+                await asyncio.to_thread(self.replay.discard_after, self.global_step)
         if self.source is not None:
             opened = await self.source.open_consumer(unacked)
             log.info(
@@ -328,6 +341,7 @@ class TrainerCore:
             StepLineage(self.global_step, leased.lease_id, tuple(experience_uid(e.eid) for e in experiences))
         )
         self._unacked.append((self.global_step, leased.lease_id))
+        recorded = await self._record_step(leased.lease_id, experiences, metrics) if self.replay else {}
         t2 = time.perf_counter()
         metrics = dict(metrics) | {
             "timing_s/read_experience": t1 - t0,
@@ -339,6 +353,7 @@ class TrainerCore:
             "sample/dropped_stale": float(self._dropped_stale),  # since the previous step
             "sample/dropped_stale_total": float(self.dropped_stale_total),
             **token_staleness,
+            **recorded,
             "sample/stale_tokens_masked": float(stale_tokens),
             "sample/task_count": float(len({e.eid.group_id for e in experiences})),
         }
@@ -356,6 +371,22 @@ class TrainerCore:
         metrics["timing_s/step"] = t3 - t0
         metrics["trainer/unacked_steps"] = float(len(self._unacked))
         return metrics
+
+    async def _record_step(
+        self, lease_id: str, experiences: list[Experience], metrics: Mapping[str, float]
+    ) -> dict[str, float]:
+        """Write the committed step's replay record (its batch, the engine's metrics, the weights'
+        digest); returns its `timing_s/replay_record`. A failed write is logged, never fails the step."""
+        assert self.replay is not None
+        t0 = time.perf_counter()
+        try:
+            digest = await asyncio.to_thread(lambda: weights_digest(self.engine.iter_state_dict()))
+            await asyncio.to_thread(
+                self.replay.write, self.global_step, lease_id, experiences, dict(metrics), digest
+            )
+        except OSError as exc:
+            log.warning("replay record not written", step=self.global_step, error=str(exc))
+        return {"timing_s/replay_record": time.perf_counter() - t0}
 
     def _count_dropped(self, dropped: int, min_version: int) -> None:
         """The buffer dropped `dropped` experiences older than `min_version` for this lease."""

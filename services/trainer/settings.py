@@ -124,6 +124,9 @@ class TrainerSettings:
     max_checkpoints_to_keep: int | None
     resume: bool
     seed: int = 42
+    # trainer.replay_keep_steps / replay_keep_bytes: per-step records for `rft replay` (replay_record.py)
+    replay_keep_steps: int = 0
+    replay_keep_bytes: int | None = None
     dtype: str = "auto"
     # recompute the policy's activations in the backward pass (less memory, same gradients)
     gradient_checkpointing: bool = False
@@ -230,6 +233,8 @@ class TrainerSettings:
             save_hf_checkpoint=tr.save_hf_checkpoint,
             max_checkpoints_to_keep=tr.max_checkpoints_to_keep,
             resume=config.continue_from_checkpoint,
+            replay_keep_steps=tr.replay_keep_steps,
+            replay_keep_bytes=tr.replay_keep_bytes,
             seed=int(extra.get("seed", 42)),
             gradient_checkpointing=bool(
                 extra.get("actor_rollout_ref.model.enable_gradient_checkpointing", False)

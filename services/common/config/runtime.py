@@ -73,6 +73,11 @@ class TrainerConfig(Section):
     ulysses_sequence_parallel_size: int = Field(1, ge=1)
     save_strategy: Literal["unrestricted", "single_thread", "single_process", "single_node"] = "unrestricted"
     max_checkpoints_to_keep: int | None = Field(None, ge=1)
+    # `rft replay` (docs/replay.md): the trainer keeps the batch, metrics and a per-tensor weight digest
+    # of its newest `replay_keep_steps` steps under <job_dir>/replay/ (0: none; one trainer process
+    # only); `replay_keep_bytes` caps their size on disk (oldest dropped first; unset: no cap).
+    replay_keep_steps: int = Field(0, ge=0)
+    replay_keep_bytes: int | None = Field(None, ge=1)
     # Micro-batch size per device when use_dynamic_bsz is false.
     micro_batch_size_per_gpu: int = Field(8, ge=1)
     # Tokens per chunk of the LM head when computing log-probs and entropy: each chunk's fp32 logits

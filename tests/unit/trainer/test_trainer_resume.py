@@ -18,6 +18,7 @@ from services.trainer.checkpoint import MARKER, find_latest
 from services.trainer.core import NoBatchError, PreconditionError, TrainerCore, TrainerState
 from services.trainer.distributed import ensure_process_group
 from services.trainer.engine import FSDPEngine
+from services.trainer.replay_record import read_record, record_steps, weights_digest
 from services.trainer.settings import TrainerSettings
 from tests.support.trainer_data import OrderedBuffer, make_config, make_experiences
 
@@ -223,3 +224,23 @@ async def test_a_crowded_buffer_makes_the_trainer_save_before_save_interval(mode
     assert (core.settings.job_dir / MARKER).read_text() == "2"
     await core.shutdown()
     assert buffer.acked == [0, 1]
+
+
+async def test_replay_records_keep_the_newest_steps_and_a_resume_drops_the_untrained(model_dir, tmp_path):
+    buffer = OrderedBuffer(batches())
+    core = make_core(model_dir, tmp_path, buffer, save_interval=2, replay_keep_steps=2)
+    await core.prepare()
+    metrics = [(await core.train_step(1000)).metrics for _ in range(3)]
+    job = core.settings.job_dir
+    assert record_steps(job) == [2, 3] and "timing_s/replay_record" in metrics[-1]
+    record = read_record(job, 3)
+    assert record is not None and record.uids == tuple(experience_uid(e.eid) for e in batches()[2])
+    assert record.weights == weights_digest(core.engine.iter_state_dict())  # the weights after step 3
+    engine_metrics = {k: v for k, v in stable(metrics[2]).items() if k in record.metrics}
+    assert len(engine_metrics) > 5 and all(record.metrics[k] == v for k, v in engine_metrics.items())
+    await core.wait_for_save()
+    del core
+    again = make_core(model_dir, tmp_path, buffer, save_interval=2, replay_keep_steps=2)
+    await again.prepare()  # back at step 2: step 3 is trained again, its record goes
+    assert again.global_step == 2 and record_steps(job) == [2]
+    await again.shutdown()
