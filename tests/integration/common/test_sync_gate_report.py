@@ -13,13 +13,13 @@ import asyncio
 
 import pytest
 
+from services.common.config.sync_plan import SyncPlan
 from services.common.rpc import create_channel, start_server
-from services.common.sync_client import SyncClient
-from services.common.sync_policy import SyncPlan
-from services.common.weight_sync import sync_method
 from services.synchronizer.core import SynchronizerCore
 from services.synchronizer.servicer import registration
 from services.synchronizer.settings import SynchronizerSettings
+from services.weight_sync import sync_method
+from services.weight_sync.member.client import SyncClient
 
 
 @pytest.fixture
@@ -60,8 +60,8 @@ async def test_a_pull_cut_off_by_a_synchronizer_restart_waits_for_the_next_versi
     and loads version 2 once the trainer pushes it, instead of ending the explorer."""
     import torch
 
-    from services.common.sync_hooks import ExplorerSyncGate
-    from services.common.weight_sync import Receiver
+    from services.weight_sync import Receiver
+    from services.weight_sync.member.explorer_gate import ExplorerSyncGate
 
     sync, server, explorer = synchronizer
     port = int(server.address.rsplit(":", 1)[1])

@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from services.common.weight_sync import GroupInfo, free_port, specs_of
+from services.weight_sync import GroupInfo, free_port, specs_of
 from tests.support.weight_sync_worker import BIG_BUCKET, Worker, digest, make_state_dict
 
 SPECS = tuple(specs_of(make_state_dict(0)))

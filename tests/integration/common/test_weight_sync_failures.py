@@ -13,9 +13,9 @@ import time
 import pytest
 import torch
 
-from services.common.weight_sync import GroupInfo, free_port, specs_of
-from services.common.weight_sync.errors import GroupBrokenError
-from services.common.weight_sync.group import check_distinct_devices
+from services.weight_sync import GroupInfo, free_port, specs_of
+from services.weight_sync.errors import GroupBrokenError
+from services.weight_sync.wire.group import check_distinct_devices
 from tests.support.weight_sync_store_member import StoreMember
 from tests.support.weight_sync_worker import BIG_BUCKET, Worker, make_state_dict
 

@@ -11,8 +11,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import pytest
 import torch
 
-from services.common.weight_sync import GroupInfo, StaleGenerationError, free_port, specs_of
-from services.common.weight_sync.broadcast import BroadcastGroup
+from services.weight_sync import GroupInfo, StaleGenerationError, free_port, specs_of
+from services.weight_sync.wire.broadcast import BroadcastGroup
 
 TIMEOUT_S = 600.0  # what a stuck join would wait without being abandoned
 GIVE_UP_S = 30.0  # what the tests allow for giving up (the join looks every 0.5 s)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from services.common.weight_sync import GroupInfo, free_port
-from services.common.weight_sync.group import open_store
+from services.weight_sync import GroupInfo, free_port
+from services.weight_sync.wire.group import open_store
 
 TABLES = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
 LISTEN = "0A"

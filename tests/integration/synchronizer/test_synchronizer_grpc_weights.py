@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from services.common.modeling import load_model
-from services.common.sync_client import SyncWaitTimeout
-from services.common.sync_hooks import ExplorerSyncGate, TrainerSyncHook
 from services.common.tiny_model import make_tiny_model
-from services.common.weight_sync import CheckpointStore, WeightSyncError, load_weights, state_dict_to_chunks
-from services.common.weight_sync.methods import CheckpointFetch, MemoryFetch
+from services.weight_sync import CheckpointStore, WeightSyncError, load_weights, state_dict_to_chunks
+from services.weight_sync.member.client import SyncWaitTimeout
+from services.weight_sync.member.explorer_gate import ExplorerSyncGate
+from services.weight_sync.member.trainer_hook import TrainerSyncHook
+from services.weight_sync.methods.builtin import CheckpointFetch, MemoryFetch
 
 
 @pytest.fixture(scope="module")

@@ -13,12 +13,6 @@ from redis.exceptions import ResponseError as RedisResponseError
 from services.buffer.records import BufferFull, ConsumerNotOpen, FencedError, LeaseError, ValidationError
 from services.buffer.servicer import ERRORS as BUFFER
 from services.common.rpc.errors import ErrorMap, Rule
-from services.common.weight_sync.errors import (
-    GroupBrokenError,
-    MissingChunkError,
-    StaleGenerationError,
-    WeightSyncError,
-)
 from services.explorer.serve.sessions import SessionError
 from services.explorer.servicer import ERRORS as EXPLORER
 from services.explorer.servicer import SERVE_ERRORS
@@ -27,6 +21,12 @@ from services.synchronizer.errors import InvalidArgument, NotRegistered, WrongSt
 from services.synchronizer.servicer import ERRORS as SYNCHRONIZER
 from services.trainer.core import InvalidRequest, NoBatchError, PreconditionError
 from services.trainer.servicer import ERRORS as TRAINER
+from services.weight_sync.errors import (
+    GroupBrokenError,
+    MissingChunkError,
+    StaleGenerationError,
+    WeightSyncError,
+)
 
 C = grpc.StatusCode
 

@@ -1,4 +1,4 @@
-"""The one "synchronizer away: back off or register again" path (`services/common/sync_away.py`)."""
+"""The one "synchronizer away: back off or register again" path (`services/weight_sync/member/away.py`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 import grpc
 import pytest
 
-from services.common.sync_away import Backoff, is_away, synchronizer_away
+from services.weight_sync.member.away import Backoff, is_away, synchronizer_away
 
 C = grpc.StatusCode
 

@@ -1,4 +1,4 @@
-"""The sync policy (`services/common/sync_policy.py`): the plan's rules pinned as tables (Trinity-RFT
+"""The sync policy (`services/common/config/sync_plan.py`): the plan's rules pinned as tables (Trinity-RFT
 cadence, reference §1), and what each service asks of it, per style x offset."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from services.common.config import load_config, resolve
-from services.common.sync_policy import SyncPlan
+from services.common.config.sync_plan import SyncPlan
 
 
 @pytest.mark.parametrize(

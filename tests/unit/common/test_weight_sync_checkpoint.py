@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.common.weight_sync import CheckpointNotFoundError, CheckpointStore, read_state_dict
-from services.common.weight_sync.checkpoint import MARKER
+from services.weight_sync import CheckpointNotFoundError, CheckpointStore, read_state_dict
+from services.weight_sync.wire.files import MARKER
 
 
 def _sd(seed: int) -> dict[str, torch.Tensor]:

@@ -1,4 +1,4 @@
-"""The checkpoint method's deltas (`weight_sync/checkpoint.py` "Deltas"): the trainer's store writes,
+"""The checkpoint method's deltas (`weight_sync/wire/files.py` "Deltas"): the trainer's store writes,
 before publishing a version, the delta from the published one beside its file; an explorer holding
 that version's payload reads the delta instead of the file (checked tensor by tensor) and falls back
 to the file when there is none, it is not from its version, or it does not check out; deltas go with
@@ -12,9 +12,9 @@ import torch
 from rft.v1.common_pb2 import ModelVersion
 from rft.v1.synchronizer_pb2 import WaitForVersionResponse
 
-from services.common.weight_sync import Receiver, Sender, TransportOptions, sync_method
-from services.common.weight_sync.checkpoint import CheckpointStore, delta_path, read_payload
-from services.common.weight_sync.codec import decode_state_dict
+from services.weight_sync import Receiver, Sender, TransportOptions, sync_method
+from services.weight_sync.wire.codec import decode_state_dict
+from services.weight_sync.wire.files import CheckpointStore, delta_path, read_payload
 
 
 def _state(seed: int = 0) -> dict[str, torch.Tensor]:

@@ -1,4 +1,4 @@
-"""Weight deltas (`weight_sync/delta.py`): bit-exact round trips, full payload when the tensors
+"""Weight deltas (`weight_sync/wire/delta.py`): bit-exact round trips, full payload when the tensors
 differ, loud failures naming the tensor, and a small delta for a realistic change."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import struct
 import pytest
 import torch
 
-from services.common.weight_sync import DeltaMismatchError, WeightSyncError
-from services.common.weight_sync.codec import decode_state_dict, encode_state_dict_buffer
-from services.common.weight_sync.delta import apply_delta, make_delta, read_delta_header
-from services.common.weight_sync.memory import join_raw_chunks, split_chunks
+from services.weight_sync import DeltaMismatchError, WeightSyncError
+from services.weight_sync.wire.chunks import join_raw_chunks, split_chunks
+from services.weight_sync.wire.codec import decode_state_dict, encode_state_dict_buffer
+from services.weight_sync.wire.delta import apply_delta, make_delta, read_delta_header
 
 
 def _sd(dtype: torch.dtype, seed: int = 0) -> dict[str, torch.Tensor]:

@@ -1,11 +1,11 @@
-"""The fan-out tree planner (`weight_sync.fanout`): parents in heap order, chains to the root, depth,
+"""The fan-out tree planner (`weight_sync.tree.plan`): parents in heap order, chains to the root, depth,
 and slots that move only the member that joins or leaves."""
 
 from __future__ import annotations
 
 import pytest
 
-from services.common.weight_sync.fanout import ROOT, TreeSlots, depth, plan_tree
+from services.weight_sync.tree.plan import ROOT, TreeSlots, depth, plan_tree
 
 
 def test_plan_tree_binary_heap_chains_end_at_the_root():

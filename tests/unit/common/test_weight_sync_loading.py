@@ -7,7 +7,7 @@ import torch
 
 from services.common.modeling import load_model
 from services.common.tiny_model import make_tiny_model
-from services.common.weight_sync import WeightLoadError, load_weights
+from services.weight_sync import WeightLoadError, load_weights
 
 
 @pytest.fixture(scope="module")

@@ -6,8 +6,8 @@ import pytest
 import torch
 from rft.v1 import common_pb2
 
-from services.common.weight_sync import MissingChunkError, chunks_to_state_dict, state_dict_to_chunks
-from services.common.weight_sync.codec import CodecError, decode_state_dict, encode_state_dict
+from services.weight_sync import MissingChunkError, chunks_to_state_dict, state_dict_to_chunks
+from services.weight_sync.wire.codec import CodecError, decode_state_dict, encode_state_dict
 
 
 def _sd() -> dict[str, torch.Tensor]:
@@ -76,8 +76,8 @@ def test_corrupt_payload_raises_codec_error():
 
 @pytest.mark.parametrize("chunk_bytes", [7, 64, 1000, 1 << 20])
 def test_raw_chunks_are_the_proto_chunks_and_round_trip(chunk_bytes):
-    from services.common.weight_sync.codec import encode_state_dict_buffer, encode_state_dict_segments
-    from services.common.weight_sync.memory import encode_raw_chunks, raw_chunks_to_state_dict
+    from services.weight_sync.wire.chunks import encode_raw_chunks, raw_chunks_to_state_dict
+    from services.weight_sync.wire.codec import encode_state_dict_buffer, encode_state_dict_segments
 
     sd = _sd()
     segments = encode_state_dict_segments(sd)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from services.common.registry import UnknownNameError
-from services.common.weight_sync import (
+from services.weight_sync import (
     SYNC_METHODS,
     Receiver,
     Sender,
@@ -24,7 +24,7 @@ from services.common.weight_sync import (
 )
 
 ROOT = Path(__file__).resolve().parents[3]
-COMPONENT = ROOT / "services" / "common" / "weight_sync"
+COMPONENT = ROOT / "services" / "weight_sync"
 
 
 def _state() -> dict[str, torch.Tensor]:
@@ -53,7 +53,7 @@ def test_registry_has_each_method_with_its_traits():
     assert kinds == {n: "adapter" if n == "lora_adapter" else "full" for n in SYNC_METHODS.names()}
     with pytest.raises(UnknownNameError, match="did you mean"):
         sync_method("memroy")
-    plugin = sync_method("services.common.weight_sync.bf16_wire:Bf16WireMethod")
+    plugin = sync_method("services.weight_sync.methods.bf16:Bf16WireMethod")
     assert plugin is sync_method("memory_bf16")
 
 
@@ -179,9 +179,7 @@ def test_no_code_outside_the_component_branches_on_a_method_name():
                 for node in ast.walk(tree)
                 if _compares_a_method_name(node, names)
             ]
-    assert found == [], "weight-sync method branches outside services/common/weight_sync:\n" + "\n".join(
-        found
-    )
+    assert found == [], "weight-sync method branches outside services/weight_sync:\n" + "\n".join(found)
 
 
 def test_the_rule_catches_a_branch():
@@ -213,7 +211,7 @@ def test_a_new_method_is_one_subclass_and_a_registry_entry():
 def test_lora_adapter_merge_checks_names_and_shapes(tmp_path):
     from safetensors.torch import save_file
 
-    from services.common.weight_sync.lora_adapter import merge_adapter, read_base_weights
+    from services.weight_sync.methods.lora import merge_adapter, read_base_weights
 
     w = torch.randn(6, 4)
     save_file({"layer.weight": w, "other.weight": torch.zeros(2)}, str(tmp_path / "model.safetensors"))
@@ -257,7 +255,7 @@ def test_a_bf16_wire_is_a_property_of_every_method_and_leaves_the_registered_one
 
 
 def test_the_checkpoint_method_with_a_bf16_wire_writes_bf16_files(tmp_path):
-    from services.common.weight_sync.checkpoint import read_state_dict
+    from services.weight_sync.wire.files import read_state_dict
 
     state = _state()
     sender = Sender(TransportOptions(checkpoint_dir=str(tmp_path)))

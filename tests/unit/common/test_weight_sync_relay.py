@@ -1,4 +1,4 @@
-"""The relay's core (`weight_sync.relay`), no network: chunks forwarded as they arrive, resume from
+"""The relay's core (`weight_sync.tree.store`), no network: chunks forwarded as they arrive, resume from
 the next source, stalls, bad chunks, deltas only from the held version and of one kind, failure, and
 which versions a relay keeps."""
 
@@ -8,15 +8,15 @@ import asyncio
 
 import pytest
 
-from services.common.weight_sync import MissingChunkError
-from services.common.weight_sync.memory import join_raw_chunks, split_chunks
-from services.common.weight_sync.relay import (
+from services.weight_sync import MissingChunkError
+from services.weight_sync.tree.store import (
     ChunkCheck,
     RelayBroken,
     RelayStore,
     VersionNotHeld,
     pull_version,
 )
+from services.weight_sync.wire.chunks import join_raw_chunks, split_chunks
 
 
 def raws(version: int, n: int = 5, size: int = 100, delta_base: int | None = None) -> list[bytes]:

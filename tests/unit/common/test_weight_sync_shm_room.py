@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from services.common.weight_sync.broadcast import shm_margin, shm_shortfall
+from services.weight_sync.wire.broadcast import shm_margin, shm_shortfall
 
 GIB = 1 << 30
 

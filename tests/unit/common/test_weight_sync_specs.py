@@ -6,9 +6,9 @@ import pytest
 import torch
 from rft.v1 import common_pb2
 
-from services.common.weight_sync import GroupInfo, TensorSpec, specs_from_proto, specs_of, specs_to_proto
-from services.common.weight_sync.buckets import ALIGN, pack, plan_buckets, unpack
-from services.common.weight_sync.specs import fingerprint
+from services.weight_sync import GroupInfo, TensorSpec, specs_from_proto, specs_of, specs_to_proto
+from services.weight_sync.wire.buckets import ALIGN, pack, plan_buckets, unpack
+from services.weight_sync.wire.specs import fingerprint
 
 
 def _sd() -> dict[str, torch.Tensor]:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from services.common.registry import RegistryError
-from services.common.weight_sync import (
+from services.weight_sync import (
     SYNC_METHODS,
     Delivery,
     TransportOptions,
@@ -17,7 +17,7 @@ from services.common.weight_sync import (
     make_transport,
     specs_of,
 )
-from services.common.weight_sync.transport import CheckpointTransport, MemoryTransport, NcclTransport
+from services.weight_sync.transport import CheckpointTransport, MemoryTransport, NcclTransport
 
 
 def _model(seed: int) -> torch.nn.Module:

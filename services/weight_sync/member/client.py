@@ -19,7 +19,7 @@ is counted in `delta_fallbacks` and the version pulled again in full.
 Unary calls use `timeout_s`; waits add their own timeout; weight streams use
 `sync_timeout_s`. The heartbeat loop registers again when the synchronizer answers NOT_FOUND (after
 it marked this member LOST or restarted). The hook adapters for the trainer and explorer cores
-are in `services.common.sync_hooks`.
+are in `services.weight_sync.member.trainer_hook` and `explorer_gate`.
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ from rft.v1 import common_pb2, synchronizer_pb2, synchronizer_pb2_grpc
 
 from services.common.log import get_logger
 from services.common.rpc import create_channel
-from services.common.sync_away import Backoff, synchronizer_away
-from services.common.weight_sync import GroupInfo, TensorSpec, WeightSyncError, specs_to_proto
-from services.common.weight_sync.codec import decode_state_dict
-from services.common.weight_sync.delta import apply_delta
-from services.common.weight_sync.memory import encode_raw_chunks, join_raw_chunks
+from services.weight_sync import GroupInfo, TensorSpec, WeightSyncError, specs_to_proto
+from services.weight_sync.member.away import Backoff, synchronizer_away
+from services.weight_sync.wire.chunks import encode_raw_chunks, join_raw_chunks
+from services.weight_sync.wire.codec import decode_state_dict
+from services.weight_sync.wire.delta import apply_delta
 
 log = get_logger("sync_client")
 

@@ -1,7 +1,7 @@
 """Version notices down the fan-out tree: an explorer asks its parent's relay, not the synchronizer,
 whether the version its next step needs is published.
 
-With `synchronizer.fanout: k` the weights travel a k-ary tree of relays (`relay_rpc.py`), but each
+With `synchronizer.fanout: k` the weights travel a k-ary tree of relays (`server.py`), but each
 explorer would still ask the synchronizer `WaitForVersion` and tell it `ReportSync` every step, so the
 synchronizer's work per step would grow with the fleet. Here the questions travel the tree too:
 
@@ -35,7 +35,7 @@ import grpc
 from rft.v1 import common_pb2, synchronizer_pb2
 
 from services.common.log import get_logger
-from services.common.weight_sync.fanout import ROOT
+from services.weight_sync.tree.plan import ROOT
 
 __all__ = ["Notices", "NoticeUnavailable", "TreeWait", "tree_wait"]
 

@@ -13,7 +13,8 @@ version (the bytes go through the group, and `receive` must run while rank 0 sen
 the `rft.v1.WeightChunk`s (this module encodes and decodes in-process; the gRPC hop belongs to the
 synchronizer service); for `checkpoint` the published file's path (`ModelVersion.checkpoint_path`).
 There is one registry of methods (`SYNC_METHODS`, method.py): each method names its transport class
-(`SyncMethod.transport`), and `make_transport(name)` looks the name (or alias) up there.
+(`SyncMethod.transport`), and method.py's `make_transport(name)` looks the name (or alias) up
+there (this module knows no method: method.py imports it, never the reverse).
 `transport_options(config, ...)` is the one mapping from the run config to `TransportOptions`; its
 `backend` is the resolved view's `weight_sync_backend` (gloo where the trainer and the explorer share
 one GPU), the same one the synchronizer hands out in every `GroupInfo`.
@@ -30,12 +31,12 @@ import torch
 from rft.v1 import common_pb2
 
 from services.common.config import RFTConfig, resolve
-from services.common.weight_sync.broadcast import BroadcastGroup
-from services.common.weight_sync.checkpoint import CheckpointStore, read_state_dict
-from services.common.weight_sync.errors import WeightSyncError
-from services.common.weight_sync.group import DEFAULT_BUCKET_BYTES, GroupInfo, free_port
-from services.common.weight_sync.memory import DEFAULT_CHUNK_BYTES, chunks_to_state_dict, state_dict_to_chunks
-from services.common.weight_sync.specs import TensorSpec
+from services.weight_sync.errors import WeightSyncError
+from services.weight_sync.wire.broadcast import BroadcastGroup
+from services.weight_sync.wire.chunks import DEFAULT_CHUNK_BYTES, chunks_to_state_dict, state_dict_to_chunks
+from services.weight_sync.wire.files import CheckpointStore, read_state_dict
+from services.weight_sync.wire.group import DEFAULT_BUCKET_BYTES, GroupInfo, free_port
+from services.weight_sync.wire.specs import TensorSpec
 
 NamedTensors = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
 
@@ -105,14 +106,6 @@ class WeightTransport(Protocol):
     def receive(self, delivery: Delivery) -> Iterator[tuple[str, torch.Tensor]]: ...
 
     def finalize(self) -> None: ...
-
-
-def make_transport(name: str, options: TransportOptions | None = None) -> WeightTransport:
-    """`make_transport("nccl", TransportOptions(device="cuda:0"))`: the transport of the method of that
-    name in the one method registry (`SYNC_METHODS`); unknown names list the known ones."""
-    from services.common.weight_sync.method import sync_method  # method.py imports this module
-
-    return sync_method(name).make_transport(options)
 
 
 def _step(version: int, step: int | None) -> int:
@@ -197,7 +190,7 @@ class MemoryTransport:
 
 
 class CheckpointTransport:
-    """Safetensors files under `checkpoint_dir`, published atomically (checkpoint.py)."""
+    """Safetensors files under `checkpoint_dir`, published atomically (wire/files.py)."""
 
     name = "checkpoint"
 

@@ -4,7 +4,7 @@ With `fanout = 0` (star) every explorer pulls from the synchronizer, so the sync
 copies of each version and the time for a version to reach all N grows like N. With `fanout = k`
 the members form a k-ary tree rooted at the synchronizer: the synchronizer sends k copies, each
 explorer relays what it receives to at most k children as the chunks arrive
-(`services.common.weight_sync.relay`), and a version reaches all N after about log_k(N) hops.
+(`services.weight_sync.tree.store`), and a version reaches all N after about log_k(N) hops.
 
 Members sit in slots, in heap order: slot p's parent is slot `p // k - 1`, or the root for the first
 k slots (the root is node 0 of a k-ary heap, slot p is node p + 1). `plan_tree` is a pure function of

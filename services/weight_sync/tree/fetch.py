@@ -12,7 +12,7 @@ plug-in's) over a `RelayPuller`, whose `pull_weights` answers from the relay's c
 version (`SyncClient.decode_raw`: joined, a delta applied to the payload this explorer holds, decoded,
 in a thread) and otherwise is the `SyncClient`'s. The relay asks its sources for a delta from the
 version this explorer holds (`SyncClient.held_version`), so with `delta_sync` every hop of the tree
-carries the delta (relay.py "Deltas"); a relayed delta that does not apply is pulled again in full. So when the tree cannot
+carries the delta (store.py "Deltas"); a relayed delta that does not apply is pulled again in full. So when the tree cannot
 deliver the version (every source failed, or the synchronizer moved on: NOT_FOUND), the method pulls
 from the synchronizer as it does without fan-out (with its deltas), and fan-out never fails a sync
 that the star would have done. Nothing is loaded from the relay unless its stream is complete and
@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from services.common.log import get_logger
-from services.common.weight_sync.errors import WeightSyncError
-from services.common.weight_sync.fanout import ROOT
-from services.common.weight_sync.method import Fetch, Receiver, SyncMethod, WaitAnswer
-from services.common.weight_sync.relay_rpc import RelayNode, serve_relay
+from services.weight_sync.errors import WeightSyncError
+from services.weight_sync.method import Fetch, Receiver, SyncMethod, WaitAnswer
+from services.weight_sync.tree.plan import ROOT
+from services.weight_sync.tree.server import RelayNode, serve_relay
 
 if TYPE_CHECKING:
     from services.common.config import RFTConfig
@@ -53,7 +53,7 @@ class RelayPuller:
         stream = self.node.store.get(version or self.expect) if (version or self.expect) else None
         if stream is None or not stream.complete:
             return await self.client.pull_weights(version, device, **kw)
-        try:  # a full payload, or a delta from the version this client holds (relay.py "Deltas")
+        try:  # a full payload, or a delta from the version this client holds (store.py "Deltas")
             mv, state_dict = await self.client.decode_raw(stream.chunks, device)
         except WeightSyncError as exc:
             log.warning("relayed weights did not apply; pulling from the synchronizer",

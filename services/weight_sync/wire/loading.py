@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
-from services.common.weight_sync.errors import WeightSyncError
+from services.weight_sync.errors import WeightSyncError
 
 
 class WeightLoadError(WeightSyncError, KeyError):

@@ -42,8 +42,8 @@ from typing import NamedTuple
 import numpy as np
 import zstandard
 
-from services.common.weight_sync.codec import CodecError, read_header
-from services.common.weight_sync.errors import DeltaMismatchError
+from services.weight_sync.errors import DeltaMismatchError
+from services.weight_sync.wire.codec import CodecError, read_header
 
 __all__ = ["DeltaHeader", "DeltaTensor", "apply_delta", "make_delta", "read_delta_header"]
 

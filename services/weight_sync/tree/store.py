@@ -42,8 +42,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 from services.common.log import get_logger
-from services.common.weight_sync.errors import MissingChunkError, WeightSyncError
-from services.common.weight_sync.memory import StreamCheck, parse_raw_chunk
+from services.weight_sync.errors import MissingChunkError, WeightSyncError
+from services.weight_sync.wire.chunks import StreamCheck, parse_raw_chunk
 
 log = get_logger("weight_sync.relay")
 

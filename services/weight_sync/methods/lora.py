@@ -21,9 +21,9 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from services.common.weight_sync.errors import WeightSyncError
-from services.common.weight_sync.method import Fetch, Load, Receiver, WaitAnswer, register_method
-from services.common.weight_sync.methods import MemoryMethod
+from services.weight_sync.errors import WeightSyncError
+from services.weight_sync.method import Fetch, Load, Receiver, WaitAnswer, register_method
+from services.weight_sync.methods.builtin import MemoryMethod
 
 __all__ = ["AdapterFetch", "LoraAdapterMethod", "adapter_targets", "merge_adapter", "read_base_weights"]
 

@@ -14,9 +14,9 @@ can come and go in one process.
 A member whose generation differs from rank 0's gets `StaleGenerationError`; a rank joined twice
 gets `WeightSyncError`. Every wait is bounded by `timeout_s`: a member that dies or stalls makes the
 others raise `GroupBrokenError`, never hang. A join also takes an `abandon` event, looked at every
-0.5 s while it waits for the host or the other members (`superseded.py` sets it when the synchronizer
+0.5 s while it waits for the host or the other members (`member/superseded.py` sets it when the synchronizer
 moves to a newer generation). A joined member's waits look at `Connection.abandon` once a second
-(`superseded.py` sets it when the synchronizer calls the broadcast off: its sender was restarted or
+(`member/superseded.py` sets it when the synchronizer calls the broadcast off: its sender was restarted or
 a member is gone): the wait raises `StaleGenerationError` and the group is broken. A gloo collective
 still pending then (its peer silent, as behind a connection whose close never arrived) keeps its
 worker thread until the group's timeout, and destroying the process group would wait for it, so
@@ -69,8 +69,8 @@ import torch.distributed as dist
 from rft.v1 import common_pb2
 
 from services.common.collective_lock import issuing_collectives
-from services.common.weight_sync.errors import GroupBrokenError, StaleGenerationError, WeightSyncError
-from services.common.weight_sync.specs import TensorSpec, specs_from_proto, specs_to_proto
+from services.weight_sync.errors import GroupBrokenError, StaleGenerationError, WeightSyncError
+from services.weight_sync.wire.specs import TensorSpec, specs_from_proto, specs_to_proto
 
 DEFAULT_BUCKET_BYTES = 64 << 20
 DEFAULT_GROUP_NAME = "rft_weight_sync"

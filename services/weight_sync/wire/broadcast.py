@@ -50,10 +50,10 @@ import torch.distributed as dist
 
 from services.common.collective_lock import issuing_collectives
 from services.common.log import get_logger
-from services.common.weight_sync.buckets import Bucket, pack, plan_buckets, unpack
-from services.common.weight_sync.errors import GroupBrokenError, WeightSyncError
-from services.common.weight_sync.group import Connection, GroupInfo
-from services.common.weight_sync.specs import TensorSpec, fingerprint
+from services.weight_sync.errors import GroupBrokenError, WeightSyncError
+from services.weight_sync.wire.buckets import Bucket, pack, plan_buckets, unpack
+from services.weight_sync.wire.group import Connection, GroupInfo
+from services.weight_sync.wire.specs import TensorSpec, fingerprint
 
 _MAGIC = 0x5246544D  # "RFTM"
 _OK, _ABORT = 1, 0

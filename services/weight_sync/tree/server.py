@@ -1,13 +1,13 @@
-"""gRPC side of the relay (`relay.py`): a peer serves `PullWeights` (and version notices), and pulls from peers.
+"""gRPC side of the relay (`store.py`): a peer serves `PullWeights` (and version notices), and pulls from peers.
 
 A relay answers `/rft.v1.SynchronizerService/PullWeights` - the synchronizer's own method, request and
 stream - so anything that pulls from the synchronizer (`SyncClient`, a client in another language)
 pulls from a peer unchanged by pointing at the peer's address. Besides it, a relay answers only
-`WaitForVersion` for its children (`min_version` only: version notices, relay_notice.py). The chunks
+`WaitForVersion` for its children (`min_version` only: version notices, notices.py). The chunks
 go out as the bytes it received (a pass-through serializer, as the synchronizer's servicer does).
 `PullWeightsRequest.version` 0 = the newest version it holds or is receiving; a version it has not
 begun yet is waited for (`wait_s`); one it does not hold answers NOT_FOUND; a stream whose sources all
-failed ends with UNAVAILABLE. A stream that is a delta (relay.py "Deltas") is served only to a puller
+failed ends with UNAVAILABLE. A stream that is a delta (store.py "Deltas") is served only to a puller
 whose `have_version` is its base; any other puller gets NOT_FOUND before the first chunk and goes on
 along its chain. A full payload is served to every puller (it handles one whatever it asked for).
 
@@ -29,8 +29,9 @@ import grpc
 from rft.v1 import synchronizer_pb2
 
 from services.common.rpc import ServerHandle, create_channel, start_server
-from services.common.weight_sync.fanout import ROOT
-from services.common.weight_sync.relay import (
+from services.weight_sync.tree.notices import Notices, NoticeUnavailable
+from services.weight_sync.tree.plan import ROOT
+from services.weight_sync.tree.store import (
     RelayBroken,
     RelayStore,
     Source,
@@ -38,7 +39,6 @@ from services.common.weight_sync.relay import (
     VersionStream,
     pull_version,
 )
-from services.common.weight_sync.relay_notice import Notices, NoticeUnavailable
 
 SERVICE_NAME = "rft.v1.SynchronizerService"
 PULL = f"/{SERVICE_NAME}/PullWeights"
@@ -46,7 +46,7 @@ PULL = f"/{SERVICE_NAME}/PullWeights"
 
 class RelayServicer:
     """`PullWeights` over a `RelayStore`, and `WaitForVersion` from the relay's `Notices` (version
-    notices down the tree, `relay_notice.py`; without them the relay does not answer it)."""
+    notices down the tree, `notices.py`; without them the relay does not answer it)."""
 
     def __init__(
         self,
@@ -217,7 +217,7 @@ class RelayNode:
         self.chain: tuple[str, ...] | None = None  # the chain of the last fetch
         self.held: Callable[[], int | None] = lambda: None  # the version a delta may be from
         self._through: set[asyncio.Task] = set()
-        # version notices for the children (relay_notice.py): upstream along the last fetch's chain
+        # version notices for the children (notices.py): upstream along the last fetch's chain
         self.notices = Notices(member_id, self.peers.channel, lambda: self.chain or (ROOT,))
 
     def registration(self) -> tuple:

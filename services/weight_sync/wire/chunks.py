@@ -27,12 +27,12 @@ from typing import NamedTuple
 import torch
 from rft.v1 import common_pb2
 
-from services.common.weight_sync.codec import (
+from services.weight_sync.errors import MissingChunkError
+from services.weight_sync.wire.codec import (
     decode_state_dict,
     encode_state_dict_buffer,
     encode_state_dict_segments,
 )
-from services.common.weight_sync.errors import MissingChunkError
 
 DEFAULT_CHUNK_BYTES = 1 << 20
 

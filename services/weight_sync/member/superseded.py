@@ -29,14 +29,14 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from services.common.weight_sync.errors import StaleGenerationError
-from services.common.weight_sync.group import GroupInfo
+from services.weight_sync.errors import StaleGenerationError
+from services.weight_sync.wire.group import GroupInfo
 
 POLL_S = 1.0
 
 
 class GenerationSource(Protocol):
-    """What the watch needs of `services.common.sync_client.SyncClient`."""
+    """What the watch needs of `services.weight_sync.member.client.SyncClient`."""
 
     generation: int
     broadcast_generation: int

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from services.common.weight_sync.specs import TensorSpec
+from services.weight_sync.wire.specs import TensorSpec
 
 ALIGN = 64  # bytes; a multiple of every dtype's itemsize, and cache-line friendly
 

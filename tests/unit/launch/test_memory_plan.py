@@ -17,8 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from typer.testing import CliRunner
 
 from launcher.cli import app
-from services.common.config import load_config
-from services.common.config.memory_plan import (
+from launcher.memory_plan import (
     GIB,
     LOGITS_BYTES_PER_TOKEN_VOCAB,
     ModelShape,
@@ -30,6 +29,7 @@ from services.common.config.memory_plan import (
     uses_critic,
     uses_reference,
 )
+from services.common.config import load_config
 from services.trainer.algorithms import logprobs_and_entropy
 
 QWEN_05B = {

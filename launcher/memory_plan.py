@@ -313,7 +313,7 @@ def broadcasts_from_gpu(config: RFTConfig) -> bool:
     """The nccl sync method with an NCCL group (trainer/weight_sync.py `broadcasts_on_device`): the
     trainer gathers the policy on its GPU and the engines receive it on theirs. gloo (set, or on a
     shared GPU) goes through host memory."""
-    from services.common.weight_sync.method import sync_method  # torch: only when a plan is made
+    from services.weight_sync.method import sync_method  # torch: only when a plan is made
 
     return (
         sync_method(config.synchronizer.sync_method).broadcast

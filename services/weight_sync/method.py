@@ -20,8 +20,8 @@ A method owns everything that differs between methods, in one place, for all thr
 Methods register in `SYNC_METHODS` (`@register_method`: the class's `name` and `aliases`);
 `sync_method(name)` returns the (stateless) instance, and is called once per service, when its settings
 record is built from the config (services/*/settings.py), so the rest holds the typed object. The
-built-ins are in `methods.py` (`nccl`, `memory`, `checkpoint`), `bf16_wire.py` (`memory_bf16`) and
-`lora_adapter.py` (`lora_adapter`); adding a method is one module plus its line in `BUILTIN_MODULES`. A plug-in method is a
+built-ins are in `methods/builtin.py` (`nccl`, `memory`, `checkpoint`), `methods/bf16.py` (`memory_bf16`) and
+`methods/lora.py` (`lora_adapter`); adding a method is one module plus its line in `BUILTIN_MODULES`. A plug-in method is a
 `package.module:Class` path. No code outside this component compares method names
 (tests/unit/common/test_conventions.py). `make_transport(name, options)` builds an entry's transport.
 """
@@ -38,7 +38,7 @@ import torch
 from rft.v1 import common_pb2, synchronizer_pb2
 
 from services.common.registry import Registry
-from services.common.weight_sync.transport import Delivery, TransportOptions, WeightTransport
+from services.weight_sync.transport import Delivery, TransportOptions, WeightTransport
 
 __all__ = [
     "BF16",
@@ -48,6 +48,7 @@ __all__ = [
     "Receiver",
     "Sender",
     "SyncMethod",
+    "make_transport",
     "register_method",
     "sync_method",
 ]
@@ -60,9 +61,9 @@ WaitAnswer = synchronizer_pb2.WaitForVersionResponse
 Fetch = Callable[[WaitAnswer], Awaitable[int]]
 PushFn = Callable[[Sequence[common_pb2.WeightChunk]], Awaitable[Any]]
 BUILTIN_MODULES = (
-    "services.common.weight_sync.methods",
-    "services.common.weight_sync.bf16_wire",
-    "services.common.weight_sync.lora_adapter",
+    "services.weight_sync.methods.builtin",
+    "services.weight_sync.methods.bf16",
+    "services.weight_sync.methods.lora",
 )
 
 
@@ -217,3 +218,9 @@ def sync_method(name: str | SyncMethod, wire_dtype: str = "auto") -> SyncMethod:
         _INSTANCES[cls] = cls()
     method = _INSTANCES[cls]
     return method if wire_dtype == "auto" else method.with_wire(wire_dtype)
+
+
+def make_transport(name: str, options: TransportOptions | None = None) -> WeightTransport:
+    """`make_transport("nccl", TransportOptions(device="cuda:0"))`: the transport of the method of that
+    name in the one method registry (`SYNC_METHODS`); unknown names list the known ones."""
+    return sync_method(name).make_transport(options)

@@ -31,9 +31,9 @@ from pathlib import Path
 import safetensors
 import torch
 
-from services.common.weight_sync.codec import CodecError, encode_state_dict_buffer, restore_aliases
-from services.common.weight_sync.delta import DeltaMismatchError, apply_delta, make_delta
-from services.common.weight_sync.errors import CheckpointNotFoundError
+from services.weight_sync.errors import CheckpointNotFoundError
+from services.weight_sync.wire.codec import CodecError, encode_state_dict_buffer, restore_aliases
+from services.weight_sync.wire.delta import DeltaMismatchError, apply_delta, make_delta
 
 MARKER = "latest_state_dict_iteration.txt"
 _FILE_RE = re.compile(r"^state_dict_v(\d+)\.safetensors$")

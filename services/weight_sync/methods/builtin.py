@@ -18,10 +18,13 @@ from typing import Any
 
 import torch
 
-from services.common.weight_sync.checkpoint import read_payload
-from services.common.weight_sync.codec import decode_state_dict
-from services.common.weight_sync.errors import WeightSyncError
-from services.common.weight_sync.method import (
+from services.weight_sync.errors import WeightSyncError
+from services.weight_sync.member.superseded import (
+    broadcast_unless_called_off,
+    check_generation,
+    join_unless_superseded,
+)
+from services.weight_sync.method import (
     Fetch,
     Load,
     Published,
@@ -31,17 +34,14 @@ from services.common.weight_sync.method import (
     WaitAnswer,
     register_method,
 )
-from services.common.weight_sync.superseded import (
-    broadcast_unless_called_off,
-    check_generation,
-    join_unless_superseded,
-)
-from services.common.weight_sync.transport import (
+from services.weight_sync.transport import (
     CheckpointTransport,
     Delivery,
     MemoryTransport,
     NcclTransport,
 )
+from services.weight_sync.wire.codec import decode_state_dict
+from services.weight_sync.wire.files import read_payload
 
 __all__ = [
     "BroadcastFetch",

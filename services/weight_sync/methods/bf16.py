@@ -11,8 +11,8 @@ bf16-rounded weights (relative error <= 2^-8 per element).
 
 from __future__ import annotations
 
-from services.common.weight_sync.method import BF16, register_method
-from services.common.weight_sync.methods import MemoryMethod
+from services.weight_sync.method import BF16, register_method
+from services.weight_sync.methods.builtin import MemoryMethod
 
 __all__ = ["Bf16WireMethod"]
 
