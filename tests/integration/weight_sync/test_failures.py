@@ -3,7 +3,7 @@
 gloo tests run everywhere; the `gpu` ones check the NCCL-only behaviours on one GPU (a communicator
 that can never be built, two ranks on one GPU). Every rank is a real process, killed with SIGKILL;
 waits have deadlines, nothing sleeps for synchronisation. A receiver killed mid-send is in
-test_weight_sync_broadcast.py.
+test_broadcast.py.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 free space `statvfs` reports with the payload plus its margin (no fixed cap), and says why not (how
 much is free and needed, and the fix) when it does not fit. Fake `statvfs` results stand in for a big
 or a small /dev/shm; no bytes are written. The real transfer through /dev/shm is in
-tests/integration/common/test_weight_sync_broadcast.py."""
+tests/integration/weight_sync/test_broadcast.py."""
 
 from __future__ import annotations
 
