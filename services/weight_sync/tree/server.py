@@ -16,12 +16,14 @@ along its chain. A full payload is served to every puller (it handles one whatev
 (`wait_for_ready=False`: the chain goes on to the next source instead of waiting for a dead parent),
 and `chain(addresses)` in the form `relay.pull_version` takes. `RelayNode` is one member's relay (its
 store, its registration, `fetch(version, chain)`); `serve_relay` starts one on its own port beside a
-member's service (`ServedRelay`: the node, its server and the address peers dial).
+member's service (`ServedRelay`: the node, its server and the address peers dial). The relay's
+refusals are its error types mapped to status codes once, in `ERRORS` (services/common/rpc/errors.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
@@ -29,6 +31,7 @@ import grpc
 from rft.v1 import synchronizer_pb2
 
 from services.common.rpc import ServerHandle, create_channel, start_server
+from services.common.rpc.errors import ErrorMap, Rule
 from services.weight_sync.tree.notices import Notices, NoticeUnavailable
 from services.weight_sync.tree.plan import ROOT
 from services.weight_sync.tree.store import (
@@ -42,6 +45,29 @@ from services.weight_sync.tree.store import (
 
 SERVICE_NAME = "rft.v1.SynchronizerService"
 PULL = f"/{SERVICE_NAME}/PullWeights"
+
+
+class NoticesOff(Exception):
+    """This relay was started without version notices: it does not answer `WaitForVersion`."""
+
+
+class StepNotAnswered(ValueError):
+    """A `WaitForVersion` by step: a relay answers `min_version` only (the explorer applies the plan)."""
+
+
+class DeltaBaseMismatch(LookupError):
+    """The relay holds the version as a delta from a base the puller does not hold."""
+
+
+ERRORS = ErrorMap(  # services/common/rpc/errors.py, docs/conventions.md
+    Rule(NoticesOff, grpc.StatusCode.UNIMPLEMENTED),
+    Rule(StepNotAnswered, grpc.StatusCode.INVALID_ARGUMENT, names_field=True),
+    Rule((VersionNotHeld, DeltaBaseMismatch), grpc.StatusCode.NOT_FOUND),
+    Rule(
+        NoticeUnavailable, grpc.StatusCode.UNAVAILABLE, lambda e: f"no source answered the relay: {e}"[:1000]
+    ),
+    Rule(RelayBroken, grpc.StatusCode.UNAVAILABLE, lambda e: f"relay lost the version: {e}"[:1000]),
+)
 
 
 class RelayServicer:
@@ -58,42 +84,41 @@ class RelayServicer:
         self.store, self.wait_s, self.on_miss, self.notices = store, wait_s, on_miss, notices
 
     async def WaitForVersion(self, request: synchronizer_pb2.WaitForVersionRequest, context):
+        return await ERRORS.guard(context, lambda: self._wait(request))
+
+    async def _wait(
+        self, request: synchronizer_pb2.WaitForVersionRequest
+    ) -> synchronizer_pb2.WaitForVersionResponse:
         if self.notices is None:
-            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this relay does not answer WaitForVersion")
+            raise NoticesOff("this relay does not answer WaitForVersion")
         if request.step:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"step: a relay answers min_version only (the explorer applies the sync plan), got step {request.step}",
+            raise StepNotAnswered(
+                f"step: a relay answers min_version only (the explorer applies the sync plan), got step {request.step}"
             )
         timeout = request.timeout_ms / 1000 if request.timeout_ms > 0 else self.wait_s
-        try:
-            return await self.notices.answer(request.min_version, timeout)
-        except NoticeUnavailable as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"no source answered the relay: {exc}"[:1000])
+        return await self.notices.answer(request.min_version, timeout)
 
     async def PullWeights(
         self, request: synchronizer_pb2.PullWeightsRequest, context
     ) -> AsyncIterator[bytes]:
+        async with contextlib.aclosing(ERRORS.guard_stream(context, self._pull(request))) as stream:
+            async for raw in stream:
+                yield raw
+
+    async def _pull(self, request: synchronizer_pb2.PullWeightsRequest) -> AsyncIterator[bytes]:
         if request.version and self.on_miss is not None:
             self.on_miss(request.version)  # a version this relay has not begun: it may pull it through
-        try:
-            stream = await self.store.stream_for(request.version, self.wait_s)
-        except VersionNotHeld as exc:
-            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        stream = await self.store.stream_for(request.version, self.wait_s)
         have = request.have_version if request.HasField("have_version") else None
         first = True
-        try:
-            async for raw in stream.follow():
-                if first and stream.base is not None and stream.base != have:
-                    await context.abort(
-                        grpc.StatusCode.NOT_FOUND,
-                        f"this relay holds version {stream.version} as a delta from version "
-                        f"{stream.base}; the puller holds {have}",
-                    )
-                first = False
-                yield raw
-        except RelayBroken as exc:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"relay lost the version: {exc}"[:1000])
+        async for raw in stream.follow():
+            if first and stream.base is not None and stream.base != have:
+                raise DeltaBaseMismatch(
+                    f"this relay holds version {stream.version} as a delta from version "
+                    f"{stream.base}; the puller holds {have}"
+                )
+            first = False
+            yield raw
 
 
 def _identity(data: bytes) -> bytes:
