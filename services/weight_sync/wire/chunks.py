@@ -27,6 +27,7 @@ from typing import NamedTuple
 import torch
 from rft.v1 import common_pb2
 
+from services.common.protowire import encode_varint, read_varint
 from services.weight_sync.errors import MissingChunkError
 from services.weight_sync.wire.codec import (
     decode_state_dict,
@@ -182,26 +183,11 @@ def chunks_to_state_dict(
 _DATA_TAG = bytes([4 << 3 | 2])  # field 4 (data), length-delimited
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b, n = n & 0x7F, n >> 7
-        out.append(b | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
 def _read_varint(buf: memoryview, pos: int) -> tuple[int, int]:
-    shift = result = 0
-    while True:
-        if pos >= len(buf):
-            raise MissingChunkError("truncated WeightChunk (varint runs past the end)")
-        b = buf[pos]
-        result |= (b & 0x7F) << shift
-        pos += 1
-        if not b & 0x80:
-            return result, pos
-        shift += 7
+    try:
+        return read_varint(buf, pos)
+    except IndexError:
+        raise MissingChunkError("truncated WeightChunk (varint runs past the end)") from None
 
 
 class _WireChunk(NamedTuple):
@@ -233,7 +219,7 @@ def encode_raw_chunks(
     for i in range(total):
         want = min(chunk_bytes, total_bytes - i * chunk_bytes)
         head = common_pb2.WeightChunk(version=mver, index=i, total=total, total_bytes=total_bytes)
-        parts = [head.SerializeToString(), _DATA_TAG, _varint(want)]
+        parts = [head.SerializeToString(), _DATA_TAG, encode_varint(want)]
         while want:
             take = min(want, len(segments[seg]) - pos)
             parts.append(segments[seg][pos : pos + take])
