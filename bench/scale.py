@@ -216,7 +216,7 @@ def step_batch(explorer: str, step: int, groups: int, version: int) -> list[Expe
 
 # ---- explorers -------------------------------------------------------------------------------------
 async def explorer(name: str, buffer_addr: str, sync_addr: str, p: FleetParams) -> ExplorerLog:
-    out = ExplorerLog()
+    out, method = ExplorerLog(), sync_method(p.method)  # typed once, as ExplorerSettings does
     sync = SyncClient(create_channel(sync_addr, timeout_s=120), name, "explorer", timeout_s=60,
                       sync_timeout_s=120, owns_channel=True)  # fmt: skip
     channel = create_channel(buffer_addr, timeout_s=60)
@@ -229,12 +229,12 @@ async def explorer(name: str, buffer_addr: str, sync_addr: str, p: FleetParams) 
 
     if p.fanout > 0:  # as explorer_fetch: a relay beside the explorer, registered with it, fetched through
         sync.relay = await serve_relay(sync.channel, name, host="127.0.0.1", sync_timeout_s=120)
-        fetch = relay_fetch(sync_method(p.method), sync, Receiver(load), sync.relay.node)
+        fetch = relay_fetch(method, sync, Receiver(load), sync.relay.node)
     else:
         fetch = MemoryFetch(sync, load)
     # with fan-out the waits go to the parent's relay, as in the explorer service (tree/notices.py)
     tree = tree_wait(sync, SyncPlan(offset=p.sync_offset)) if p.fanout > 0 else None
-    gate = ExplorerSyncGate(sync, fetch=fetch, timeout_s=120, tree=tree)
+    gate = ExplorerSyncGate(sync, fetch=fetch, timeout_s=120, method=method, tree=tree)
     await sync.register()  # after the relay is set: the registration carries its address
     gen_s = p.groups * GROUP * RESPONSE / p.tokens_per_s
     for step in range(1, p.steps + 1):

@@ -3,12 +3,12 @@ method: what differs between methods is the method's strategy (`services.weight_
 trainer's side is `trainer_hook.py`.
 
 Explorer (`services.explorer.sync.SyncGate`: `before_step(step, model_version)`, `notify_version`):
-    method = sync_method(name)
+    method = settings.sync_method                 # typed once, in ExplorerSettings
     fetch = method.fetch(client, Receiver(core.load_weights, weight_receiver, model_path))
     gate = ExplorerSyncGate(client, fetch, method=method)
 `before_step(s)` waits (`wait_for_version(step=s)`) until the plan lets step s run; when the method
 wants the answer's version (`SyncMethod.wants`: a newer version exists, or a broadcast is about to
-start; without `method=` the answer's `sync_method` names it), it fetches and loads it, reports the outcome
+start), it fetches and loads it, reports the outcome
 (`report_sync`) and only then returns. The wait gives up only when nothing moves: at the end of each
 `timeout_s` window it looks where the trainer stands; while the trainer's step advanced since the end
 of the previous window (it catches up after a restart) the wait goes on, so a trainer that stopped
@@ -39,7 +39,7 @@ from rft.v1 import common_pb2, synchronizer_pb2
 from services.weight_sync import GroupBrokenError, StaleGenerationError
 from services.weight_sync.member.away import Backoff, is_away, synchronizer_away
 from services.weight_sync.member.client import RunFinished, SyncClient, SyncWaitTimeout
-from services.weight_sync.method import SyncMethod, WaitAnswer, sync_method
+from services.weight_sync.method import SyncMethod, WaitAnswer
 from services.weight_sync.tree.notices import TreeWait
 
 
@@ -49,11 +49,12 @@ class ExplorerSyncGate:
         client: SyncClient,
         fetch: Callable[[WaitAnswer], Awaitable[int]],
         timeout_s: float | None = None,
-        method: str | SyncMethod | None = None,
+        *,
+        method: SyncMethod,
         tree: TreeWait | None = None,
     ):
         self.client, self.fetch, self.tree = client, fetch, tree
-        self.method = sync_method(method) if method is not None else None
+        self.method = method  # the run's, typed once in its settings record (ExplorerSettings.sync_method)
         self.timeout_s = timeout_s or client.sync_timeout_s
         self.held = client.model_version
         self.waiting_for: int | None = None
@@ -131,8 +132,7 @@ class ExplorerSyncGate:
                 continue
             offered = answer.model_version.version
             # broadcast weights come only in a broadcast; the other methods fetch whatever is newer
-            method = self.method or sync_method(answer.sync_method)
-            if method.wants(answer, self.held):
+            if self.method.wants(answer, self.held):
                 self.waiting_for = offered
                 t_fetch = time.perf_counter()
                 try:

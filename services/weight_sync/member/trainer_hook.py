@@ -3,7 +3,7 @@ method: what differs between methods is the method's strategy (`services.weight_
 explorer's side is `explorer_gate.py`.
 
 Trainer (`services.trainer.core.SyncHook`: `after_step(step) -> metrics`):
-    hook = TrainerSyncHook(client, sync_method(name), sync=weight_sync.sync, specs=weight_sync.specs,
+    hook = TrainerSyncHook(client, settings.sync_method, sync=weight_sync.sync, specs=weight_sync.specs,
                            join_group=weight_sync.join)     # specs/join_group: broadcast methods
 `after_step(N)` asks the synchronizer whether to publish after step N (`request_sync`; for a broadcast
 method it returns once every explorer is ready), runs `sync()` (whose result has `version`, `step`,
@@ -35,14 +35,14 @@ from services.weight_sync.member.superseded import (
     check_generation,
     join_unless_superseded,
 )
-from services.weight_sync.method import Published, SyncMethod, sync_method
+from services.weight_sync.method import Published, SyncMethod
 
 
 class TrainerSyncHook:
     def __init__(
         self,
         client: SyncClient,
-        method: str | SyncMethod,
+        method: SyncMethod,
         sync: Callable[[], Awaitable[Published]],
         *,
         specs: Callable[[], Awaitable[Sequence[TensorSpec]]] | None = None,
@@ -51,7 +51,7 @@ class TrainerSyncHook:
         snapshot: Callable[[], Awaitable[Any]] | None = None,
         pipeline_every: int = 0,
     ):
-        self.method = sync_method(method)
+        self.method = method  # the run's, typed once in its settings record (TrainerSettings.sync_method)
         self.snapshot, self.pipeline_every = snapshot, pipeline_every
         self._inflight: asyncio.Task[Mapping[str, float]] | None = None
         self._pipelined_step = 0

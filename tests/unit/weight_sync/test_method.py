@@ -190,6 +190,53 @@ def test_the_rule_catches_a_branch():
         assert not _compares_a_method_name(ast.parse(source, mode="eval").body, names), source
 
 
+# The method is resolved from its name once per service, in its settings record; everything after holds
+# the typed `SyncMethod` (no re-resolution, no look-up of a wire string, no literal method name).
+SETTINGS_RECORDS = {f"services/{s}/settings.py" for s in ("trainer", "explorer", "synchronizer")}
+RESOLVERS = {"sync_method", "make_transport"}
+# left for after the explorer's and trainer's function splits: three re-wraps of the typed method and
+# make_transport("nccl") in the trainer's sender, one look-up of the answer's wire string in serve mode
+NOT_YET = {"services/trainer/weight_sync.py": 4, "services/explorer/serve/server.py": 1}
+
+
+def _resolutions(tree: ast.AST) -> list[ast.Call]:
+    """Calls of `sync_method(...)` (as a name or an attribute) and of the function `make_transport(name)`
+    (not a typed method's own `method.make_transport(options)`)."""
+    return [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and (
+            getattr(node.func, "id", None) in RESOLVERS
+            or (isinstance(node.func, ast.Attribute) and node.func.attr == "sync_method")
+        )
+    ]
+
+
+def test_the_method_is_resolved_only_in_the_settings_records():
+    found: dict[str, int] = {}
+    for path in sorted((ROOT / "services").rglob("*.py")):
+        rel = str(path.relative_to(ROOT))
+        if rel in SETTINGS_RECORDS or path == COMPONENT / "method.py":  # method.py defines them
+            continue
+        calls = _resolutions(ast.parse(path.read_text(), rel))
+        if calls:
+            found[rel] = len(calls)
+    assert found == NOT_YET, "resolve the sync method once, in the settings record, and pass it on typed"
+
+
+def test_the_resolution_rule_catches_a_look_up():
+    for source in (
+        "sync_method(answer.sync_method)",
+        'method = sync_method("nccl")',
+        "self.method = sync_method(method)",
+        'make_transport("nccl", options)',
+        "weight_sync.sync_method(name)",
+    ):
+        assert len(_resolutions(ast.parse(source))) == 1, source
+    assert _resolutions(ast.parse("self.make_transport(options); settings.sync_method.broadcast")) == []
+
+
 def test_a_new_method_is_one_subclass_and_a_registry_entry():
     @SYNC_METHODS.register("memory_test_only")
     class Doubling(type(sync_method("memory"))):
