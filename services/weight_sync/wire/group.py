@@ -23,35 +23,11 @@ worker thread until the group's timeout, and destroying the process group would 
 such a group is let go in a daemon thread instead (`_park`). The transfer protocol itself is in
 `broadcast.py`.
 
-NCCL failure paths. NCCL's own defaults can hang or kill the process, so the nccl backend is built
-so that every failure ends in `GroupBrokenError` within `timeout_s` instead:
-- Two members on one GPU (NCCL refuses them: "Duplicate GPU detected") are caught before NCCL starts:
-  each member writes `host|GPU uuid` into the store before it registers, and after the rendezvous
-  every member compares them (`check_distinct_devices`); the error says to use the same-device
-  path (gloo through shared memory, or `sync_method: memory`). NCCL's own message, should it still
-  come (hosts with other names sharing a GPU), is turned into the same advice.
-- NCCL creates its communicator lazily, at the first collective, and rank 0's part of that waits with
-  no timeout for every member to reach NCCL's bootstrap: a receiver that dies after the store
-  rendezvous would hang rank 0 for ever. So the communicator is non-blocking
-  (`ProcessGroupNCCL.Options().config.blocking = 0`: NCCL initialises in the background and torch
-  polls it) and is connected eagerly right after the rendezvous by one tiny all-reduce, run in a
-  helper thread and waited for at most `timeout_s` (`TORCH_NCCL_NONBLOCKING_TIMEOUT` is also set to
-  `timeout_s` unless the environment sets it; torch reads it once per process); on a timeout or an
-  error the communicator is aborted (`pg.abort()`) and the join raises.
-- Every later wait (`Connection.wait`) polls the work until `timeout_s` and then aborts the
-  communicator itself (NCCL kernels stop) and raises; a launch that fails (`Connection.launch`: a
-  non-blocking launch can time out too) does the same. Torch's watchdog would otherwise detect the
-  same timeout and, under its default `TORCH_NCCL_ASYNC_ERROR_HANDLING=3`, end the whole process.
-  That variable is read when a `ProcessGroupNCCL` is constructed, so it is set to 2 (CleanUpOnly:
-  abort the communicator, never the process) around this group's construction only, unless the
-  environment sets it, and the watchdog's own timeout is set well beyond `timeout_s` so that this
-  module's wait acts first. The trainer's FSDP group keeps torch's defaults.
-- The connecting all-reduce runs under the device's `issuing_collectives` lock
-  (`services.common.collective_lock`): on trainer rank 0 no FSDP collective of the trainer's own
-  group is in flight on the GPU while the new communicator is built and first used.
-Seen on one H200 (torch 2.11+cu130, NCCL 2.28.9): a receiver that registers and exits makes rank 0's
-join raise after about `timeout_s` ("NCCL timeout" of the non-blocking init), and the process is
-still alive and usable after the watchdog's timeout has passed; two members on one GPU fail at once.
+NCCL failure paths: NCCL's own defaults can hang or kill the process, so the nccl backend is built
+so that every failure ends in `GroupBrokenError` within `timeout_s` instead (two members on one GPU
+refused before NCCL starts, a non-blocking communicator connected eagerly, waits that abort the
+communicator, the watchdog kept from ending the process). Why each is needed and what was measured:
+docs/weight_sync.md, "NCCL failure paths".
 """
 
 from __future__ import annotations
