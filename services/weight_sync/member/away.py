@@ -5,18 +5,18 @@ slow) and a restarted one has forgotten its members (NOT_FOUND until each regist
 member that talks to it in a loop (the explorer's sync gate, serve mode's follower, the in-flight
 follower, the explorer's wait for a trainer, the trainer's sync hook, the heartbeat loop) handles such
 an error the same way: `synchronizer_away(exc, register)` returns when the synchronizer is away (having
-registered again when it forgot this member) and raises anything else; `Backoff` spaces the retries
-(50 ms doubling to 1 s, reset after a success).
+registered again when it forgot this member) and raises anything else; `Backoff`
+(services/common/backoff.py) spaces the retries (50 ms doubling to 1 s, reset after a success).
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
 
+from services.common.backoff import Backoff
 from services.common.log import get_logger
 
 __all__ = ["AWAY_CODES", "Backoff", "is_away", "synchronizer_away"]
@@ -47,21 +47,3 @@ async def synchronizer_away(
             await register()
         except grpc.aio.AioRpcError as again:
             log.debug("registering again failed", code=again.code().name)
-
-
-class Backoff:
-    """Exponential waits between retries: `first` seconds, doubling up to `most`; `reset()` after a
-    call that succeeded."""
-
-    def __init__(self, first: float = 0.05, most: float = 1.0):
-        self.first, self.most = first, most
-        self.delay = first
-
-    def reset(self) -> None:
-        self.delay = self.first
-
-    async def wait(self, cap: float | None = None) -> None:
-        """Sleep the current delay (at most `cap` seconds), then double it."""
-        delay = self.delay if cap is None else min(self.delay, max(cap, 0.0))
-        await asyncio.sleep(delay)  # ok-sleep: backing off while the synchronizer is away
-        self.delay = min(self.delay * 2, self.most)
