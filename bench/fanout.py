@@ -50,9 +50,9 @@ from relay_fleet import FleetProcess  # noqa: E402
 from scale import cpu_seconds, start_service  # noqa: E402
 
 from services.common.rpc import create_channel  # noqa: E402
-from services.common.sync_client import SyncClient  # noqa: E402
-from services.common.weight_sync.codec import encode_state_dict_buffer  # noqa: E402
-from services.common.weight_sync.fanout import ROOT, depth, plan_tree  # noqa: E402
+from services.weight_sync.member.client import SyncClient  # noqa: E402
+from services.weight_sync.tree.plan import ROOT, depth, plan_tree  # noqa: E402
+from services.weight_sync.wire.codec import encode_state_dict_buffer  # noqa: E402
 
 CORES = os.cpu_count() or 1
 ISSUE_SECONDS = 0.15  # the issue: a version reaches N = 64 explorers in <= 0.15 s

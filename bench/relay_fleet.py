@@ -36,10 +36,10 @@ import torch  # noqa: E402
 
 from services.common.log import configure_logging  # noqa: E402
 from services.common.rpc import create_channel, start_server  # noqa: E402
-from services.common.weight_sync.codec import decode_state_dict  # noqa: E402
-from services.common.weight_sync.memory import join_raw_chunks  # noqa: E402
-from services.common.weight_sync.relay import RelayStore, Source, pull_version  # noqa: E402
-from services.common.weight_sync.relay_rpc import RelayNode, peer_channel  # noqa: E402
+from services.weight_sync.tree.server import RelayNode, peer_channel  # noqa: E402
+from services.weight_sync.tree.store import RelayStore, Source, pull_version  # noqa: E402
+from services.weight_sync.wire.chunks import join_raw_chunks  # noqa: E402
+from services.weight_sync.wire.codec import decode_state_dict  # noqa: E402
 
 
 def state_hash(state_dict: dict[str, torch.Tensor]) -> str:

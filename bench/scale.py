@@ -20,14 +20,14 @@ its weights take a simulated optimizer step (`weight_steps.py`: every weight mov
 explorers' delta pulls (`have_version`, from the second version on) carry a realistic delta.
 
 `--fanout K` (default 0: every explorer pulls from the synchronizer, the star) sets the synchronizer's
-`synchronizer.fanout: K`, and each explorer does what the real one does then (`relay_fetch.explorer_fetch`):
-it serves a relay beside itself (`relay_rpc.serve_relay`), sets it as `SyncClient.relay` before it
+`synchronizer.fanout: K`, and each explorer does what the real one does then (`tree.fetch.explorer_fetch`):
+it serves a relay beside itself (`tree.server.serve_relay`), sets it as `SyncClient.relay` before it
 registers (the registration carries the relay's address, so the synchronizer puts it in its K-ary tree)
 and fetches through it (`relay_fetch`: the version along the answer's `weight_sources`, then the same
 `MemoryFetch` over the relay's copy; when the relay cannot bring it, a pull from the synchronizer as in
 the star). The relay closes with the `SyncClient`. Per N, over all explorers: `relay_loads` (versions
 loaded from the relays), `relay_delta_loads` (of those, the ones relayed as a delta; the relays
-carry deltas: relay.py "Deltas") and `relay_fallbacks` (versions the relay could not bring, pulled from the synchronizer
+carry deltas: tree/store.py "Deltas") and `relay_fallbacks` (versions the relay could not bring, pulled from the synchronizer
 instead). The byte figures below count what an explorer received, from the synchronizer
 (`SyncClient.pulled_bytes_*`) or from its relay's copy (`relayed_bytes_*`).
 
@@ -76,18 +76,18 @@ import torch  # noqa: E402
 from weight_steps import BF16_CHANGE, step_size_for, train_step  # noqa: E402
 
 from services.common.buffer_client import BufferClient  # noqa: E402
+from services.common.config.sync_plan import SyncPlan  # noqa: E402
 from services.common.experience import Experience, ExperienceId  # noqa: E402
 from services.common.log import configure_logging  # noqa: E402
 from services.common.rpc import create_channel  # noqa: E402
-from services.common.sync_client import SyncClient  # noqa: E402
-from services.common.sync_hooks import ExplorerSyncGate  # noqa: E402
-from services.common.sync_policy import SyncPlan  # noqa: E402
-from services.common.weight_sync import sync_method  # noqa: E402
-from services.common.weight_sync.method import Receiver  # noqa: E402
-from services.common.weight_sync.methods import MemoryFetch  # noqa: E402
-from services.common.weight_sync.relay_fetch import RelayFetch, relay_fetch  # noqa: E402
-from services.common.weight_sync.relay_notice import tree_wait  # noqa: E402
-from services.common.weight_sync.relay_rpc import serve_relay  # noqa: E402
+from services.weight_sync import sync_method  # noqa: E402
+from services.weight_sync.member.client import SyncClient  # noqa: E402
+from services.weight_sync.member.explorer_gate import ExplorerSyncGate  # noqa: E402
+from services.weight_sync.method import Receiver  # noqa: E402
+from services.weight_sync.methods.builtin import MemoryFetch  # noqa: E402
+from services.weight_sync.tree.fetch import RelayFetch, relay_fetch  # noqa: E402
+from services.weight_sync.tree.notices import tree_wait  # noqa: E402
+from services.weight_sync.tree.server import serve_relay  # noqa: E402
 
 GROUP, PROMPT, RESPONSE = 8, 64, 192
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -216,7 +216,7 @@ def step_batch(explorer: str, step: int, groups: int, version: int) -> list[Expe
 
 # ---- explorers -------------------------------------------------------------------------------------
 async def explorer(name: str, buffer_addr: str, sync_addr: str, p: FleetParams) -> ExplorerLog:
-    out = ExplorerLog()
+    out, method = ExplorerLog(), sync_method(p.method)  # typed once, as ExplorerSettings does
     sync = SyncClient(create_channel(sync_addr, timeout_s=120), name, "explorer", timeout_s=60,
                       sync_timeout_s=120, owns_channel=True)  # fmt: skip
     channel = create_channel(buffer_addr, timeout_s=60)
@@ -229,12 +229,12 @@ async def explorer(name: str, buffer_addr: str, sync_addr: str, p: FleetParams) 
 
     if p.fanout > 0:  # as explorer_fetch: a relay beside the explorer, registered with it, fetched through
         sync.relay = await serve_relay(sync.channel, name, host="127.0.0.1", sync_timeout_s=120)
-        fetch = relay_fetch(sync_method(p.method), sync, Receiver(load), sync.relay.node)
+        fetch = relay_fetch(method, sync, Receiver(load), sync.relay.node)
     else:
         fetch = MemoryFetch(sync, load)
-    # with fan-out the waits go to the parent's relay, as in the explorer service (relay_notice.py)
+    # with fan-out the waits go to the parent's relay, as in the explorer service (tree/notices.py)
     tree = tree_wait(sync, SyncPlan(offset=p.sync_offset)) if p.fanout > 0 else None
-    gate = ExplorerSyncGate(sync, fetch=fetch, timeout_s=120, tree=tree)
+    gate = ExplorerSyncGate(sync, fetch=fetch, timeout_s=120, method=method, tree=tree)
     await sync.register()  # after the relay is set: the registration carries its address
     gen_s = p.groups * GROUP * RESPONSE / p.tokens_per_s
     for step in range(1, p.steps + 1):

@@ -39,7 +39,7 @@ tokens/s counts real (non-padding) tokens.  Options:
   the ours/bare ratio moves to "ratio_vs_bare"; without one "ratio" is ours/bare (target 0.9).
 - On CUDA the JSON also has the memory check: `torch.cuda.max_memory_allocated` after our warm-up step
   (the baseline's model is built after it) against the memory plan of one trainer rank
-  (`memory_plan_gib`, `memory_peak_vs_plan`; services/common/config/memory_plan.py).
+  (`memory_plan_gib`, `memory_peak_vs_plan`; launcher/memory_plan.py).
 The last line is one JSON object.
 """
 
@@ -159,11 +159,11 @@ class Bare:
 
 def memory_figures(config, model_dir: Path, device: torch.device) -> dict[str, object]:
     """On CUDA: `torch.cuda.max_memory_allocated` over our steps (the other sides built only after ours
-    is freed) next to the memory plan of one trainer rank (services/common/config/memory_plan.py, its
+    is freed) next to the memory plan of one trainer rank (launcher/memory_plan.py, its
     margin included), in GiB; {} elsewhere."""
     if device.type != "cuda":
         return {}
-    from services.common.config.memory_plan import read_shape, trainer_plan
+    from launcher.memory_plan import read_shape, trainer_plan
 
     peak = torch.cuda.max_memory_allocated(device) / 2**30
     shape, why = read_shape(str(model_dir))

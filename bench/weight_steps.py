@@ -1,5 +1,5 @@
 """A simulated optimizer step for the weight-sync benches (`weight_sync.py`, `scale.py`): weights that
-change each version by a realistic amount, so a delta pull (`services/common/weight_sync/delta.py`)
+change each version by a realistic amount, so a delta pull (`services/weight_sync/wire/delta.py`)
 carries what a real run's would, not an empty diff.
 
 The model: every float weight moves by w += w * s * N(0, 1), as an optimizer step touches every

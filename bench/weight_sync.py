@@ -12,7 +12,7 @@ model, for each `synchronizer.sync_method`, against a raw transfer of the same b
 - memory_bf16: the same path with the fp32 weights cast to bfloat16 on the trainer's side before the
   push (`sync_method: memory_bf16`; half the bytes), loaded (cast back) into the fp32 explorer model;
   compared with memory.
-- memory_delta, memory_bf16_delta: delta pulls (`weight_sync/delta.py`). Before each of these rows the
+- memory_delta, memory_bf16_delta: delta pulls (`services/weight_sync/wire/delta.py`). Before each of these rows the
   trainer model takes a simulated training step (`weight_steps.py`: every weight moves a little, about
   `--bf16-change` of the bf16 words change, by default the fraction measured on the quickstart), the
   explorer holds the previous version, and the row times push + delta pull + load; the full rows
@@ -21,7 +21,7 @@ model, for each `synchronizer.sync_method`, against a raw transfer of the same b
 - checkpoint: `CheckpointStore.save` (atomic, fsynced) then `read_state_dict` + `load_weights`
   (no baseline; reported for comparison).
 - memory_star4, memory_tree4: fan-out (`synchronizer.fanout`): the trainer pushes once and 4 explorers'
-  relays (`relay_rpc.serve_relay`, in this process) fetch the version, each then joining, decoding and
+  relays (`tree.server.serve_relay`, in this process) fetch the version, each then joining, decoding and
   loading its copy; timed until the last is loaded. Star: all 4 pull from the synchronizer (fanout 0,
   the baseline); tree: `plan_tree(fanout 2)`, the synchronizer sends 2 copies and each of those relays
   forwards chunks as they arrive to its child. Full payloads (no deltas), each mode its own relays.
@@ -55,8 +55,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 from weight_steps import BF16_CHANGE, step_size_for, train_step  # noqa: E402
 
 from services.common.rpc import create_channel  # noqa: E402
-from services.common.sync_client import SyncClient  # noqa: E402
-from services.common.weight_sync import (  # noqa: E402
+from services.weight_sync import (  # noqa: E402
     BroadcastGroup,
     CheckpointStore,
     GroupInfo,
@@ -66,11 +65,12 @@ from services.common.weight_sync import (  # noqa: E402
     specs_of,
     sync_method,
 )
-from services.common.weight_sync.codec import decode_state_dict  # noqa: E402
-from services.common.weight_sync.fanout import ROOT as SYNCHRONIZER  # noqa: E402
-from services.common.weight_sync.fanout import plan_tree  # noqa: E402
-from services.common.weight_sync.memory import join_raw_chunks  # noqa: E402
-from services.common.weight_sync.relay_rpc import serve_relay  # noqa: E402
+from services.weight_sync.member.client import SyncClient  # noqa: E402
+from services.weight_sync.tree.plan import ROOT as SYNCHRONIZER  # noqa: E402
+from services.weight_sync.tree.plan import plan_tree  # noqa: E402
+from services.weight_sync.tree.server import serve_relay  # noqa: E402
+from services.weight_sync.wire.chunks import join_raw_chunks  # noqa: E402
+from services.weight_sync.wire.codec import decode_state_dict  # noqa: E402
 
 SIZES = {  # name -> (vocab, hidden, intermediate, layers, heads, kv heads)
     "10M": (8192, 256, 1024, 8, 4, 2),

@@ -104,7 +104,7 @@ def config_check(
 def config_show(file: Path, set_: SetOpt = None, plugin_dir: PluginOpt = None) -> None:
     """Print the full config with every default filled in (plugin_dirs absolute), then the derived
     values, then the memory plan: GiB per component per GPU of the placement."""
-    from services.common.config.memory_plan import memory_plan
+    from launcher.memory_plan import memory_plan
     from services.common.plugins import resolve_plugin_dirs
 
     config = _load(file, set_)
@@ -137,7 +137,7 @@ def config_show(file: Path, set_: SetOpt = None, plugin_dir: PluginOpt = None) -
     typer.echo(yaml.safe_dump(dump_tree(config), sort_keys=False), nl=False)  # loads back as it resolves
     typer.echo(yaml.safe_dump({"resolved": derived}, sort_keys=False), nl=False)
     plan = memory_plan(config)
-    typer.echo("# memory plan (GiB per GPU; services/common/config/memory_plan.py)")
+    typer.echo("# memory plan (GiB per GPU; launcher/memory_plan.py)")
     typer.echo("\n".join(f"# {line}" for line in plan.table().splitlines()))
     for problem in plan.problems():
         typer.echo(f"# does not fit: {problem}")

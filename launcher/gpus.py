@@ -100,7 +100,7 @@ def one_device_nccl(config: RFTConfig, cuda_devices: int) -> str | None:
     group, or its backend set to gloo)."""
     if config.cluster.gpu_per_node or not cuda_devices or config.mode not in ("both", "serve"):
         return None
-    from services.common.weight_sync.method import sync_method  # torch: only on a CUDA machine
+    from services.weight_sync.method import sync_method  # torch: only on a CUDA machine
 
     if not sync_method(config.synchronizer.sync_method).broadcast:
         return None

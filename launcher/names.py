@@ -65,7 +65,7 @@ WORKFLOW = Kind("workflow", "services.explorer.workflows", "WORKFLOWS", "class")
 ENVIRONMENT = Kind("environment", "services.explorer.workflows", "ENVIRONMENTS")
 REWARD_FN = Kind("reward function", "services.common.rewards", "REWARD_SCORERS")
 TOOL_PARSER = Kind("tool call parser", "services.explorer.tools", "TOOL_CALL_PARSERS")
-SYNC_METHOD = Kind("weight sync method", "services.common.weight_sync", "SYNC_METHODS", "class")
+SYNC_METHOD = Kind("weight sync method", "services.weight_sync", "SYNC_METHODS", "class")
 
 _ALGORITHM_NAMES = {
     "advantage_fn": ADVANTAGE,
@@ -193,7 +193,7 @@ def _sync_method_fits(config: RFTConfig) -> str | None:
     """Why the run's weight-sync method cannot send this run's policy, or None."""
     if "sync_method" not in config.synchronizer.model_fields_set:
         return None
-    from services.common.weight_sync import sync_method
+    from services.weight_sync import sync_method
 
     method = sync_method(config.synchronizer.sync_method)
     if method.state_kind == "adapter" and not config.model.lora_configs:

@@ -15,9 +15,9 @@ import importlib.util
 import sys
 from pathlib import Path
 
+from launcher.memory_plan import GIB, memory_plan
 from services.common.config import RFTConfig
 from services.common.config.gpus import gpu_demand, place_gpus
-from services.common.config.memory_plan import GIB, memory_plan
 
 MONITOR_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
 

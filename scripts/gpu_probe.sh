@@ -18,7 +18,7 @@
 #   one_gpu_async  bench/gpu_quickstart.py, trainer + explorer on cuda:0, fully_async, in-flight updates
 #   memory_mfu     bench/trainer_step.py at the Qwen2.5-1.5B shape, micro-batches 4/8/16: MFU and
 #                  torch.cuda.max_memory_allocated against the memory plan
-#   nccl           the NCCL failure tests (tests/integration/common/test_weight_sync_failures.py -m gpu)
+#   nccl           the NCCL failure tests (tests/integration/weight_sync/test_failures.py -m gpu)
 #   trl            bench/e2e_vs_trl.py --gpu: TRL GRPO on the same GPU, the end-to-end ratio's baseline
 # Files (at most 8) under $OUT/probe, or runs/gpu_probe when $OUT is unset: summary.txt, results.jsonl
 # (one JSON line per step: status, seconds, the benches' JSON last lines, pytest counts), <step>.log.
@@ -43,7 +43,7 @@ declare -A CMDS=(
   [ranks]="$PYTEST tests/integration/trainer/test_trainer_cuda.py tests/integration/trainer/test_trainer_process_group_cuda.py tests/integration/trainer/test_weight_gather_ranks.py tests/integration/trainer/test_trainer_model_memory_cuda.py"
   [one_gpu_async]="$VPY bench/gpu_quickstart.py --grpo-steps 60 --set synchronizer.sync_style=fully_async --set explorer.inflight_weight_update=true"
   [memory_mfu]="rc=0; for m in 4 8 16; do $VPY bench/trainer_step.py --gpu --shape qwen2.5-1.5b --reps 1 --micro \$m || rc=1; done; exit \$rc"
-  [nccl]="$PYTEST tests/integration/common/test_weight_sync_failures.py"
+  [nccl]="$PYTEST tests/integration/weight_sync/test_failures.py"
   [trl]="$VPY bench/e2e_vs_trl.py --gpu --steps 12 --warmup 3 --reps 1 --trl-python \$(command -v $PY3)"
 )
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from rft.v1 import experience_pb2
 
 from services.common.lineage import experience_uid
+from services.common.protowire import encode_varint, read_varint
 from services.common.rpc.bounds import shown
 
 # Tag of `repeated Experience experiences = 2` in GetBatchResponse (field 2, wire type 2).
@@ -85,36 +86,10 @@ def lease_gone_error(lease_id: str, group: str, expired: bool) -> LeaseError:
     )
 
 
-def _varint(value: int) -> bytes:
-    if value < 0x4000:  # every experience of a usual size: one or two bytes
-        return bytes((value,)) if value < 0x80 else bytes((value & 0x7F | 0x80, value >> 7))
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
 def encode_member(exp: experience_pb2.Experience | bytes) -> bytes:
     """One experience (a message, or its wire bytes) as a length-delimited field-2 entry of GetBatchResponse."""
     data = exp if isinstance(exp, bytes) else exp.SerializeToString()
-    return EXPERIENCE_TAG + _varint(len(data)) + data
-
-
-def read_varint(data: bytes, i: int) -> tuple[int, int]:
-    """The protobuf varint at `data[i]` and the index after it."""
-    value = shift = 0
-    while True:
-        byte = data[i]
-        i += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, i
-        shift += 7
+    return EXPERIENCE_TAG + encode_varint(len(data)) + data
 
 
 def field_slices(data: bytes, field_number: int) -> list[bytes]:
@@ -164,13 +139,13 @@ def encode_batch_response(
     head = bytearray()
     if lease_id:
         raw = lease_id.encode()
-        head += b"\x0a" + _varint(len(raw)) + raw
+        head += b"\x0a" + encode_varint(len(raw)) + raw
     if partial:
         head += b"\x18\x01"
     if deadline_ms:
-        head += b"\x20" + _varint(deadline_ms)
+        head += b"\x20" + encode_varint(deadline_ms)
     if dropped_stale:
-        head += b"\x28" + _varint(dropped_stale)
+        head += b"\x28" + encode_varint(dropped_stale)
     return bytes(head) + b"".join(payloads)
 
 
@@ -228,7 +203,7 @@ def group_records(
         if entry is None:
             entry = groups[key] = (gid, [], {}, [])
         data = wire[i] if wire is not None else exp.SerializeToString()
-        entry[1].extend((EXPERIENCE_TAG, _varint(len(data)), data))
+        entry[1].extend((EXPERIENCE_TAG, encode_varint(len(data)), data))
         versions = entry[2]
         version = exp.model_version
         versions[version] = versions.get(version, 0) + 1

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from services.buffer.records import read_varint
+from services.common.protowire import read_varint
 
 # rft.v1.Experience field numbers (protos/rft/v1/experience.proto).
 TOKENS, PROMPT_LENGTH, MODEL_VERSION, USE_COUNT = 2, 3, 9, 17

@@ -3,13 +3,13 @@ different threads of one process.
 
 Why: trainer rank 0 is a member of two groups on its GPU: the trainer's own (FSDP2 all-gathers and
 reduce-scatters, issued from the thread that runs the engine call) and the weight-sync group
-(`weight_sync.broadcast.BroadcastGroup.send`, issued from another thread when the sync is pipelined:
+(`services.weight_sync.wire.broadcast.BroadcastGroup.send`, issued from another thread when the sync is pipelined:
 `sync_offset` >= 1 sends step k's snapshot while step k+1 trains). NCCL allows several communicators
 on one device only when their operations are issued in one consistent order; kernels of two
 communicators launched concurrently from two threads can wait on each other for ever (NCCL's
 "Using multiple NCCL communicators concurrently"). So every section that issues collectives on a
 device - an engine call on the trainer (`FSDPEngine`), a broadcast send, the first all-reduce that
-connects an NCCL weight-sync communicator (`weight_sync.group`) - runs under `issuing_collectives(device)`:
+connects an NCCL weight-sync communicator (`services.weight_sync.wire.group`) - runs under `issuing_collectives(device)`:
 while one is in flight, the others wait. On CUDA a section also synchronises its device before it
 lets go, so none of its kernels is still running when the next section starts.
 

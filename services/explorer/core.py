@@ -32,7 +32,6 @@ import torch
 from services.common.experience import Experience, ExperienceId
 from services.common.log import get_logger
 from services.common.monitor import Monitor
-from services.common.weight_sync import weights_digest
 from services.explorer.engines.base import RolloutEngine
 from services.explorer.group_filter import fill_step
 from services.explorer.inflight import InflightFollower, inflight_metrics
@@ -45,6 +44,7 @@ from services.explorer.sink import ExperienceSink
 from services.explorer.sync import NeverWait, SyncGate
 from services.explorer.tasks import Task
 from services.explorer.workflows import requires_ground_truth
+from services.weight_sync import weights_digest
 
 log = get_logger("explorer.core")
 

@@ -27,9 +27,9 @@ import grpc
 
 from services.common.experience import Experience
 from services.common.log import get_logger
-from services.common.sync_away import Backoff
-from services.common.weight_sync import GroupBrokenError, StaleGenerationError
-from services.common.weight_sync.method import Fetch, SyncMethod, WaitAnswer
+from services.weight_sync import GroupBrokenError, StaleGenerationError
+from services.weight_sync.member.away import Backoff
+from services.weight_sync.method import Fetch, SyncMethod, WaitAnswer
 
 log = get_logger("explorer.inflight")
 

@@ -45,12 +45,6 @@ from services.common.log import get_logger
 from services.common.monitor import build_monitor, explorer_run_name
 from services.common.rpc import create_channel
 from services.common.rpc.server import Registration
-from services.common.sync_away import Backoff, synchronizer_away
-from services.common.sync_client import RunFinished, SyncClient, SyncWaitTimeout
-from services.common.sync_hooks import ExplorerSyncGate
-from services.common.weight_sync.method import Receiver
-from services.common.weight_sync.relay_fetch import explorer_fetch
-from services.common.weight_sync.relay_notice import tree_wait
 from services.explorer.auxiliary import build_auxiliary_models
 from services.explorer.core import ExplorerCore, find_checkpoints
 from services.explorer.engines import build_engines
@@ -61,6 +55,12 @@ from services.explorer.servicer import ExplorerServicer, registration
 from services.explorer.settings import ExplorerSettings
 from services.explorer.sink import BufferSink, ExperienceSink, ListSink
 from services.explorer.weight_receiver import WeightReceiver
+from services.weight_sync.member.away import Backoff, synchronizer_away
+from services.weight_sync.member.client import RunFinished, SyncClient, SyncWaitTimeout
+from services.weight_sync.member.explorer_gate import ExplorerSyncGate
+from services.weight_sync.method import Receiver
+from services.weight_sync.tree.fetch import explorer_fetch
+from services.weight_sync.tree.notices import tree_wait
 
 log = get_logger("explorer")
 _GONE = (common_pb2.MEMBER_STATUS_STOPPED, common_pb2.MEMBER_STATUS_FAILED, common_pb2.MEMBER_STATUS_LOST)

@@ -11,13 +11,13 @@ import grpc
 from rft.v1 import common_pb2, explorer_pb2, explorer_pb2_grpc
 
 from services.common.rpc.errors import ErrorMap, Rule
-from services.common.weight_sync import GroupInfo, WeightSyncError
-from services.common.weight_sync.errors import GroupBrokenError, MissingChunkError, StaleGenerationError
 from services.explorer.core import ExplorerCore, find_checkpoints
 from services.explorer.serve.endpoint_core import EndpointCore
 from services.explorer.serve.sessions import SessionError
 from services.explorer.tasksets import TasksetError
 from services.explorer.weight_receiver import WeightReceiver
+from services.weight_sync import GroupInfo, WeightSyncError
+from services.weight_sync.errors import GroupBrokenError, MissingChunkError, StaleGenerationError
 
 T = TypeVar("T")
 SERVICE_NAME = explorer_pb2.DESCRIPTOR.services_by_name["ExplorerService"].full_name

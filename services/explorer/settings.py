@@ -15,8 +15,8 @@ from pathlib import Path
 
 from services.common.config import Resolved, RFTConfig, TasksetConfig, resolve
 from services.common.config.algorithm import FilterGroupsConfig
-from services.common.sync_policy import SyncPlan
-from services.common.weight_sync.method import SyncMethod, sync_method
+from services.common.config.sync_plan import SyncPlan
+from services.weight_sync.method import SyncMethod, sync_method
 
 __all__ = ["ExplorerSettings"]
 
@@ -52,9 +52,9 @@ class ExplorerSettings:
     sync_timeout: float  # synchronizer.sync_timeout
     # the taskset factories' sampling and repeat rules (scheduler.open_tasksets)
     resolved: Resolved = field(repr=False)
-    # synchronizer.sync_method, resolved once from its name (services/common/weight_sync/method.py)
+    # synchronizer.sync_method, resolved once from its name (services/weight_sync/method.py)
     sync_method: SyncMethod = field(default_factory=lambda: sync_method("nccl"))
-    # synchronizer.sync_style/interval/offset (services/common/sync_policy.py)
+    # synchronizer.sync_style/interval/offset (services/common/config/sync_plan.py)
     sync_plan: SyncPlan = SyncPlan()
 
     @classmethod

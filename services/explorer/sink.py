@@ -14,6 +14,7 @@ from typing import Protocol, runtime_checkable
 
 import grpc
 
+from services.common.backoff import Backoff
 from services.common.buffer_client import BufferClient
 from services.common.experience import Experience
 from services.common.log import get_logger
@@ -72,7 +73,7 @@ class BufferSink:
 
     async def _put_chunk(self, chunk: Sequence[Experience]) -> None:
         loop = asyncio.get_running_loop()
-        backoff = self.initial_backoff_s
+        backoff = Backoff(self.initial_backoff_s, self.max_backoff_s)
         while True:
             try:
                 await self.client.put(chunk, vocab_size=self.vocab_size)
@@ -82,11 +83,10 @@ class BufferSink:
                 if exc.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
                     raise
                 self._stats["backpressure_waits"] += 1
-                log.info("buffer full; waiting", backoff_s=backoff, experiences=len(chunk))
+                log.info("buffer full; waiting", backoff_s=backoff.delay, experiences=len(chunk))
             t0 = loop.time()
-            await asyncio.sleep(backoff)  # ok-sleep: back-off while the buffer is full (no event to wait on)
+            await backoff.wait()  # while the buffer is full (no event to wait on)
             self._stats["backpressure_seconds"] += loop.time() - t0
-            backoff = min(backoff * 2, self.max_backoff_s)
 
     async def close(self) -> None:
         pass

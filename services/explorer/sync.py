@@ -1,5 +1,5 @@
 """The hook between explore steps and weight sync: "before explore step N, wait until allowed (and
-fetch new weights if needed)". The synchronizer's gate (`services.common.sync_hooks.ExplorerSyncGate`)
+fetch new weights if needed)". The synchronizer's gate (`services.weight_sync.member.explorer_gate.ExplorerSyncGate`)
 plugs in here; it asks the synchronizer, the one place that holds the sync plan. `NeverWait`, the
 default, never waits: an explorer without a synchronizer runs on the weights it has.
 """

@@ -1,4 +1,4 @@
-"""The explorer's side of weight sync, over the shared transport layer (`services.common.weight_sync`).
+"""The explorer's side of weight sync, over the shared transport layer (`services.weight_sync`).
 
 - Broadcast (`nccl` on CUDA, `gloo` on CPU): `setup(info, rank_offset)` joins the group with one rank
   per rollout worker (an `hf` engine is one worker: rank_offset + i); `receive(version)` takes the next
@@ -20,13 +20,13 @@ from typing import Any
 from rft.v1 import common_pb2
 
 from services.common.log import get_logger
-from services.common.weight_sync import (
+from services.explorer.core import ExplorerCore
+from services.weight_sync import (
     BroadcastGroup,
     GroupInfo,
     StaleGenerationError,
     chunks_to_state_dict,
 )
-from services.explorer.core import ExplorerCore
 
 log = get_logger("explorer.weights")
 

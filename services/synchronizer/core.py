@@ -3,10 +3,10 @@
 State: the members (`members.py`: one trainer, any number of explorers, each with a status enum,
 steps and the version it holds), the published `model_version` (monotonic; bumped only when the
 trainer's new weights are complete: a whole memory push, a checkpoint notice, or an nccl broadcast
-the trainer reports done), the sync plan (`services/common/sync_policy.py`), the memory method's latest weights
+the trainer reports done), the sync plan (`services/common/config/sync_plan.py`), the memory method's latest weights
 (`weights.py`) and the nccl rendezvous with its generation (`rendezvous.py`).
 
-Weight-sync methods differ here only by their strategy's two traits (`services.common.weight_sync.
+Weight-sync methods differ here only by their strategy's two traits (`services.weight_sync.
 method.SyncMethod`): `broadcast` (nccl: a group with ranks and generations, the ready handshake, and
 receivers that hold only what they received) and `pushed` (memory, memory_bf16: `PushWeights` keeps
 the latest version for explorers to pull); below, "nccl" stands for any broadcast method.
@@ -40,7 +40,6 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from services.common.weight_sync import TensorSpec
 from services.synchronizer.errors import InvalidArgument, NotRegistered, WrongState
 from services.synchronizer.members import Event, Member, MemberStatus, Role
 from services.synchronizer.records import (
@@ -53,6 +52,7 @@ from services.synchronizer.records import (
 from services.synchronizer.rendezvous import Assignment, Rendezvous
 from services.synchronizer.settings import SynchronizerSettings
 from services.synchronizer.weights import StoredWeights, WeightDeltas
+from services.weight_sync import TensorSpec
 
 
 class SynchronizerCore:

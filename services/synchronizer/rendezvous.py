@@ -19,8 +19,8 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from services.common.weight_sync import GroupInfo, TensorSpec, free_port
 from services.synchronizer.members import Member, Role
+from services.weight_sync import GroupInfo, TensorSpec, free_port
 
 
 @dataclass(frozen=True)

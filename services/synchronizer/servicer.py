@@ -19,14 +19,14 @@ from google.protobuf import message_factory
 from rft.v1 import common_pb2, synchronizer_pb2, synchronizer_pb2_grpc
 
 from services.common.rpc.errors import ErrorMap, Rule
-from services.common.weight_sync import MissingChunkError, specs_from_proto
-from services.common.weight_sync.memory import parse_raw_chunk
 from services.synchronizer.core import SynchronizerCore
 from services.synchronizer.errors import InvalidArgument, NotRegistered, WrongState
 from services.synchronizer.members import MemberStatus, Role
 from services.synchronizer.records import Published
 from services.synchronizer.weight_tree import WeightTree
 from services.synchronizer.weights import PushAssembly
+from services.weight_sync import MissingChunkError, specs_from_proto
+from services.weight_sync.wire.chunks import parse_raw_chunk
 
 SERVICE_NAME = "rft.v1.SynchronizerService"
 RawChunk = tuple[Any, bytes]  # (the parsed fields, the wire bytes)

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from services.common.config import RFTConfig, resolve
-from services.common.sync_policy import SyncPlan
-from services.common.weight_sync.method import SyncMethod, sync_method
+from services.common.config.sync_plan import SyncPlan
+from services.weight_sync.method import SyncMethod, sync_method
 
 __all__ = ["SynchronizerSettings"]
 

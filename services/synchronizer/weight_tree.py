@@ -1,7 +1,7 @@
 """Which peers each explorer pulls a weight version from (the memory method's fan-out tree).
 
 With `synchronizer.fanout: k` (> 0, a pushed method) explorers that serve a relay (they registered a
-`relay_address`) form a k-ary tree rooted at the synchronizer (`weight_sync.fanout`): the answer to
+`relay_address`) form a k-ary tree rooted at the synchronizer (`services.weight_sync.tree.plan`): the answer to
 an explorer's `WaitForVersion` names its chain of relays, nearest first (`weight_sources`); it pulls
 from the first that delivers and from the synchronizer when they all fail. Explorers without a relay,
 and every explorer with `fanout: 0`, pull from the synchronizer (an empty chain: star).
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from services.common.weight_sync.fanout import ROOT, TreeSlots
 from services.synchronizer.members import Member, Role
+from services.weight_sync.tree.plan import ROOT, TreeSlots
 
 
 class WeightTree:

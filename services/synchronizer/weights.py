@@ -7,7 +7,7 @@ as received - serialized `rft.v1.WeightChunk` messages - so each pull streams th
 decoding or re-encoding; only the latest version is kept (a pull in flight holds its own reference).
 
 Delta pulls (`WeightDeltas`): a receiver that names the version it holds (`have_version`) gets the
-delta from it to the latest (`services.common.weight_sync.delta`) when that version is among the
+delta from it to the latest (`services.weight_sync.wire.delta`) when that version is among the
 last `keep` versions pulled (default 3: the latest and the 2 before) and the delta is smaller than
 the payload; else the full payload. A delta is computed once per (base, latest) pair, in a thread,
 and cached until a newer version is pulled, so the synchronizer's CPU per version does not grow with
@@ -23,9 +23,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from services.common.log import get_logger
-from services.common.weight_sync import MissingChunkError
-from services.common.weight_sync.delta import make_delta, read_delta_header
-from services.common.weight_sync.memory import DEFAULT_CHUNK_BYTES, StreamCheck, parse_raw_chunk, split_chunks
+from services.weight_sync import MissingChunkError
+from services.weight_sync.wire.chunks import DEFAULT_CHUNK_BYTES, StreamCheck, parse_raw_chunk, split_chunks
+from services.weight_sync.wire.delta import make_delta, read_delta_header
 
 log = get_logger("synchronizer.weights")
 

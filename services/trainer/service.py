@@ -36,17 +36,17 @@ from services.common.log import get_logger
 from services.common.monitor import build_monitor
 from services.common.rpc.client import create_channel
 from services.common.rpc.server import Registration
-from services.common.sync_away import is_away, synchronizer_away
-from services.common.sync_client import SyncClient
-from services.common.sync_hooks import TrainerSyncHook
-from services.common.weight_sync import WeightSyncError
-from services.common.weight_sync.transport import transport_options
 from services.trainer.core import PreconditionError, TrainerCore
 from services.trainer.distributed import DistInfo, ensure_process_group, leave_process_group
 from services.trainer.engine import FSDPEngine
 from services.trainer.servicer import TrainerServicer, registration
 from services.trainer.settings import TrainerSettings
 from services.trainer.weight_sync import WeightSync
+from services.weight_sync import WeightSyncError
+from services.weight_sync.member.away import is_away, synchronizer_away
+from services.weight_sync.member.client import SyncClient
+from services.weight_sync.member.trainer_hook import TrainerSyncHook
+from services.weight_sync.transport import transport_options
 
 __all__ = ["build", "build_core", "run_worker_rank"]
 

@@ -33,10 +33,10 @@ from typing import Any
 
 from services.common.config import OptimizerConfig, RFTConfig, resolve
 from services.common.config.compat import TRAINER_CONFIG_KEYS
-from services.common.sync_policy import SyncPlan
-from services.common.weight_sync.method import SyncMethod, sync_method
+from services.common.config.sync_plan import SyncPlan
 from services.trainer.algorithms import AlgorithmPreset, RolloutISConfig, resolve_preset
 from services.trainer.lora import LoraSettings
+from services.weight_sync.method import SyncMethod, sync_method
 
 __all__ = ["OptimSettings", "TrainerSettings", "unused_trainer_config_keys"]
 
@@ -150,9 +150,9 @@ class TrainerSettings:
     rollout_correction: RolloutISConfig = RolloutISConfig()
     # model.lora_configs[0]: train a LoRA adapter on the frozen policy (services/trainer/lora.py)
     lora: LoraSettings | None = None
-    # synchronizer.sync_method, resolved once from its name (services/common/weight_sync/method.py)
+    # synchronizer.sync_method, resolved once from its name (services/weight_sync/method.py)
     sync_method: SyncMethod = dataclasses.field(default_factory=lambda: sync_method("nccl"))
-    # synchronizer.sync_style/interval/offset and the staleness bound (services/common/sync_policy.py)
+    # synchronizer.sync_style/interval/offset and the staleness bound (services/common/config/sync_plan.py)
     sync_plan: SyncPlan = SyncPlan()
 
     @property

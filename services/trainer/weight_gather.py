@@ -18,7 +18,7 @@ The wire dtype is the training compute dtype (`compute_dtype`): the FSDP2 `Mixed
 `param_dtype` (bf16 when the trainer computes in bf16 on CUDA, docs/weight-sync.md: "the wire dtype
 is a property of every method"), else the parameters' own dtype, so CPU runs (fp32, no mixed precision) keep
 bit-identical weights. Only floating tensors are cast; integer buffers travel as they are.
-Receivers cast whatever arrives into their model's dtype (`weight_sync.loading.load_weights`).
+Receivers cast whatever arrives into their model's dtype (`services.weight_sync.wire.loading.load_weights`).
 
 `gather_kind` / `parse_kind` name what the engine's `iter_state_dict(kind)` gathers: `full` (host,
 wire dtype), `full@device` (left on the training device, wire dtype; the `nccl` method) and

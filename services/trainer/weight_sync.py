@@ -1,4 +1,4 @@
-"""The trainer's side of weight sync, on top of `services.common.weight_sync`.
+"""The trainer's side of weight sync, on top of `services.weight_sync`.
 
 - `get_info(receivers)`: tensor metadata of the policy (HF names, gathered once from the FSDP2
   shards) and a fresh rendezvous on rank 0 (`NcclTransport.prepare`), generation + 1.
@@ -10,7 +10,7 @@
 - `sync(method)`: gathers the full state dict (a collective over the trainer ranks, one parameter at
   a time in the training compute dtype, `weight_gather`: kept on the GPU for a broadcast method, one
   host copy for the others) and hands it to
-  the method's strategy (`services.common.weight_sync.method.SyncMethod.send`) with what it may send
+  the method's strategy (`services.weight_sync.method.SyncMethod.send`) with what it may send
   through: the joined broadcast group, the `push` to the synchronizer (`PushWeights`) and the
   transport options (checkpoints go under `<job_dir>/state_dicts/`). The version sent is the
   trainer's current `model_version`; `nbytes` is what the method put on the wire. Given a
@@ -37,7 +37,9 @@ import torch
 from rft.v1 import common_pb2
 
 from services.common.registry import UnknownNameError
-from services.common.weight_sync import (
+from services.trainer.core import InvalidRequest, PreconditionError, TrainerCore, TrainerState
+from services.trainer.weight_gather import FULL, FULL_ON_DEVICE
+from services.weight_sync import (
     GroupInfo,
     TensorSpec,
     TransportOptions,
@@ -46,10 +48,8 @@ from services.common.weight_sync import (
     specs_of,
     weights_digest,
 )
-from services.common.weight_sync.group import resolve_backend
-from services.common.weight_sync.method import PushFn, Sender, SyncMethod, sync_method
-from services.trainer.core import InvalidRequest, PreconditionError, TrainerCore, TrainerState
-from services.trainer.weight_gather import FULL, FULL_ON_DEVICE
+from services.weight_sync.method import PushFn, Sender, SyncMethod, sync_method
+from services.weight_sync.wire.group import resolve_backend
 
 __all__ = ["Snapshot", "SyncResult", "WeightSync", "broadcasts_on_device"]
 

@@ -12,11 +12,11 @@ import os
 import signal
 import time
 
-from services.common.weight_sync.group import GroupInfo
+from services.weight_sync.wire.group import GroupInfo
 
 
 def _member(conn, info: GroupInfo, rank: int, exit_after: bool) -> None:
-    from services.common.weight_sync.group import rendezvous
+    from services.weight_sync.wire.group import rendezvous
 
     _store, _prefix = rendezvous(info, rank)
     conn.send("registered")
@@ -30,7 +30,7 @@ class StoreMember:
 
     def __init__(self, info: GroupInfo, rank: int, exit_after: bool = False):
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["torch", "services.common.weight_sync", __name__])
+        ctx.set_forkserver_preload(["torch", "services.weight_sync", __name__])
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_member, args=(child, info, rank, exit_after), daemon=True)
         self.proc.start()

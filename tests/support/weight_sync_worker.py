@@ -46,7 +46,7 @@ def digest(named_tensors) -> dict[str, tuple[str, tuple[int, ...], str]]:
 
 def _serve(conn, device: str) -> None:
     torch.set_num_threads(1)
-    from services.common.weight_sync import BroadcastGroup
+    from services.weight_sync import BroadcastGroup
 
     group = None
     while True:
@@ -109,7 +109,7 @@ def _serve(conn, device: str) -> None:
 class Worker:
     def __init__(self, device: str = "cpu"):
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["torch", "services.common.weight_sync", __name__])
+        ctx.set_forkserver_preload(["torch", "services.weight_sync", __name__])
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_serve, args=(child, device), daemon=True)
         self.proc.start()

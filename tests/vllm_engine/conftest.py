@@ -93,7 +93,7 @@ def hf_model(model_dir: Path, state=None, strict: bool = True):
     """The trainer's view of the policy: the HF model of `model_dir` in float32, with `state` (a state
     dict or (name, tensor) pairs) loaded over the folder's weights."""
     from services.common.modeling import load_model
-    from services.common.weight_sync import load_weights
+    from services.weight_sync import load_weights
 
     model = load_model(model_dir, dtype="float32").eval()
     if state is not None:

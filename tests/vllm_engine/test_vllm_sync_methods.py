@@ -27,18 +27,8 @@ import pytest_asyncio
 import torch
 
 from services.common.config import RFTConfig
+from services.common.config.sync_plan import SyncPlan
 from services.common.rpc import create_channel, start_server
-from services.common.sync_client import SyncClient
-from services.common.sync_hooks import ExplorerSyncGate, TrainerSyncHook
-from services.common.sync_policy import SyncPlan
-from services.common.weight_sync import (
-    Receiver,
-    Sender,
-    TransportOptions,
-    make_transport,
-    specs_of,
-    sync_method,
-)
 from services.explorer.core import ExplorerCore
 from services.explorer.settings import ExplorerSettings
 from services.explorer.sink import ListSink
@@ -46,6 +36,17 @@ from services.explorer.weight_receiver import WeightReceiver
 from services.synchronizer.core import SynchronizerCore
 from services.synchronizer.servicer import registration
 from services.synchronizer.settings import SynchronizerSettings
+from services.weight_sync import (
+    Receiver,
+    Sender,
+    TransportOptions,
+    make_transport,
+    specs_of,
+    sync_method,
+)
+from services.weight_sync.member.client import SyncClient
+from services.weight_sync.member.explorer_gate import ExplorerSyncGate
+from services.weight_sync.member.trainer_hook import TrainerSyncHook
 from tests.vllm_engine.conftest import (
     TOLERANCE,
     assert_engine_holds,

@@ -13,7 +13,7 @@ one engine (tensor_parallel_size 1, no local auxiliary model) and trainer.nproc 
 both, the trainer and the explorer share GPU 0 and the placement says so (`shared`). Every other
 misfit is refused. A shared device changes how weights move (resolved.py `weight_sync_backend`: never
 an NCCL group between two processes of one device) and bounds the rollout engine's memory
-(resolved.py `rollout_gpu_memory_utilization`, memory_plan.py) and the trainer's (the rest, less
+(resolved.py `rollout_gpu_memory_utilization`, launcher/memory_plan.py) and the trainer's (the rest, less
 SHARED_GPU_MARGIN: resolved.py `trainer_gpu_memory_fraction`).
 """
 

@@ -72,7 +72,7 @@ class ClusterConfig(Section):
     """Machines of the run. GPUs are split by Trinity-RFT's rule (gpus.py): each explorer takes its engines'
     and auxiliary models' GPUs, the trainer the rest; `gpu_per_node: 0` places nothing; `gpu_per_node: 1`
     with one engine and one trainer rank shares GPU 0. `gpu_memory_gib` is each GPU's memory for the
-    memory plan (memory_plan.py; `rft run` on a CUDA machine uses the device's own size instead)."""
+    memory plan (launcher/memory_plan.py; `rft run` on a CUDA machine uses the device's own size instead)."""
 
     node_num: int = Field(1, ge=1)
     gpu_per_node: int = Field(0, ge=0)

@@ -20,11 +20,11 @@ from services.common.config.gpus import (
     weight_sync_backend,
 )
 from services.common.config.root import RFTConfig
+from services.common.config.sync_plan import SyncPlan
 from services.common.sampling import SamplingParams
-from services.common.sync_policy import SyncPlan
 
 # Share of the GPU the rollout engine takes, when not set, on a GPU it shares with the trainer
-# (one-GPU mode): the rest is the trainer's (memory_plan.py checks that it fits).
+# (one-GPU mode): the rest is the trainer's (launcher/memory_plan.py checks that it fits).
 SHARED_GPU_ROLLOUT_MEMORY = 0.3
 
 
@@ -161,7 +161,7 @@ class Resolved:
 
     @cached_property
     def sync_plan(self) -> SyncPlan:
-        """The typed sync policy of `synchronizer.sync_style` (services/common/sync_policy.py)."""
+        """The typed sync policy of `synchronizer.sync_style` (services/common/config/sync_plan.py)."""
         return SyncPlan.from_config(self.config)
 
     @property

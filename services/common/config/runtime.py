@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator
 
 from services.common.config.base import Section, normalise_alias
-from services.common.sync_policy import STYLE_ALIASES, SyncStyle
+from services.common.config.sync_plan import STYLE_ALIASES, SyncStyle
 
 
 class SynchronizerConfig(Section):
@@ -15,14 +15,14 @@ class SynchronizerConfig(Section):
 
     # A weight-sync method's name or alias (nccl | memory | memory_bf16 | checkpoint | lora_adapter; online,
     # offline; or a plug-in 'package.module:Class'), checked against the one method registry
-    # (services/common/weight_sync/method.py `SYNC_METHODS`, which owns the aliases) by `rft config
+    # (services/weight_sync/method.py `SYNC_METHODS`, which owns the aliases) by `rft config
     # check` / `rft run`, and resolved there once into a `SyncMethod` in each service's settings record.
     sync_method: str = "nccl"
     # Backend of the broadcast group of the nccl method: `auto` (nccl on CUDA, gloo on CPU; gloo where
     # the trainer and the explorer share one GPU, resolved.py `weight_sync_backend`), `nccl` or `gloo`
     # (over loopback the bytes go through /dev/shm). `nccl` on a shared GPU is refused at load.
     group_backend: Literal["auto", "nccl", "gloo"] = "auto"
-    sync_style: SyncStyle = "fixed"  # what each style means: services/common/sync_policy.py
+    sync_style: SyncStyle = "fixed"  # what each style means: services/common/config/sync_plan.py
     sync_interval: int = Field(1, ge=1)
     sync_offset: int = Field(0, ge=0)
     sync_timeout: float = Field(3600, gt=0)
@@ -41,15 +41,15 @@ class SynchronizerConfig(Section):
     # what arrives to their engine's dtype. `sync_method: memory_bf16` is `memory` with `bfloat16`.
     wire_dtype: Literal["auto", "bfloat16"] = "auto"
     # memory methods: after its first pull an explorer asks for a delta from the version it holds
-    # (XOR of the wire words, zstd, a crc32 per tensor: services/common/weight_sync/delta.py) and keeps
+    # (XOR of the wire words, zstd, a crc32 per tensor: services/weight_sync/wire/delta.py) and keeps
     # that payload in host memory (relays pass the deltas on); checkpoint: the trainer also writes each
-    # version's delta from the one before beside its file and explorers read it (checkpoint.py);
+    # version's delta from the one before beside its file and explorers read it (services/weight_sync/wire/files.py);
     # false: every pull and read is the full payload, and nothing is kept.
     delta_sync: bool = True
     # Pushed methods (memory, memory_bf16, lora_adapter): 0 = every explorer pulls each version from the
     # synchronizer (star); k = explorers relay it to each other down a k-ary tree rooted at the
     # synchronizer, which then sends k copies whatever the number of explorers
-    # (services/common/weight_sync/fanout.py, relay.py, relay_fetch.py).
+    # (services/weight_sync/tree/: plan.py, store.py, fetch.py).
     fanout: int = Field(0, ge=0)
 
     @field_validator("sync_style", mode="before")

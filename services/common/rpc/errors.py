@@ -10,7 +10,8 @@ FAILED_PRECONDITION a wrong state, UNAVAILABLE retry, ...). Each service declare
     )
     reply = await ERRORS.guard(context, lambda: core.put(batch), prefix=f"batches[{i}].")
 
-and every RPC goes through `guard`. Rules are tried in order, as `except` clauses are: the first whose
+and every RPC goes through `guard` (a streaming RPC through `guard_stream`, which maps an error raised
+before or between the items it yields). Rules are tried in order, as `except` clauses are: the first whose
 types match decides; its `message(exc)` returning None means "not ours after all" and the error is
 raised as it is (no later rule is tried). `names_field`: the caller's `prefix` (the path of the
 request part the call was about, e.g. `batches[3].`) goes before the message, which names the field
@@ -19,7 +20,8 @@ inside it. `status_of` is the pure mapping (tests pin each table with it).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -72,3 +74,18 @@ class ErrorMap:
                 raise
             await context.abort(*status)
         raise AssertionError("unreachable")  # context.abort raises
+
+    async def guard_stream(
+        self, context: grpc.aio.ServicerContext, items: AsyncGenerator[T, None], prefix: str = ""
+    ) -> AsyncGenerator[T, None]:
+        """Yield `items`; a mapped error (before the first item or between two) aborts the RPC with
+        its status, any other propagates. `items` is closed when this stream is (a cancelled call)."""
+        try:
+            async with contextlib.aclosing(items):
+                async for item in items:
+                    yield item
+        except Exception as exc:
+            status = self.status_of(exc, prefix)
+            if status is None:
+                raise
+            await context.abort(*status)

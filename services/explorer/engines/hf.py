@@ -31,9 +31,9 @@ import torch
 from services.common.config import InferenceModelConfig
 from services.common.gpu_memory import cap_cuda_memory
 from services.common.modeling import load_model, load_tokenizer, resolve_dtype
-from services.common.weight_sync import load_weights
 from services.explorer.engines.base import GenerationOutput, SamplingParams, per_prompt_params
 from services.explorer.engines.hf_generate import HFGenerator, Row
+from services.weight_sync import load_weights
 
 
 class HFEngine:

@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
-from services.common.weight_sync import WeightLoadError
 from services.explorer.engines.weights_shm import SharedWeights, read_shared_weights
+from services.weight_sync import WeightLoadError
 
 
 class QuantizedPartialLoadError(RuntimeError):
@@ -43,7 +43,7 @@ class WeightSyncExtension:
     def rft_join_group(self, info_bytes: bytes, rank_offset: int) -> int:
         from rft.v1 import common_pb2
 
-        from services.common.weight_sync import BroadcastGroup, GroupInfo
+        from services.weight_sync import BroadcastGroup, GroupInfo
 
         info = GroupInfo.from_proto(common_pb2.WeightSyncGroupInfo.FromString(info_bytes))
         rank = rank_offset + int(self.rank)  # type: ignore[attr-defined]

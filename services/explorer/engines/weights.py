@@ -1,6 +1,6 @@
 """Weights from an HF folder (bench mode, checkpoint sync): every tensor of its `*.safetensors` files.
 
-Loading into a model goes through `services.common.weight_sync.load_weights` (in place, dtype cast,
+Loading into a model goes through `services.weight_sync.load_weights` (in place, dtype cast,
 tied weights), the receiving end of every weight-sync method.
 """
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from services.common.weight_sync import WeightLoadError
+from services.weight_sync import WeightLoadError
 
 
 def read_safetensors_folder(folder: str | Path) -> list[tuple[str, torch.Tensor]]:

@@ -26,7 +26,7 @@ from typing import TypedDict
 
 import torch
 
-from services.common.weight_sync import WeightLoadError
+from services.weight_sync import WeightLoadError
 
 SHM = Path("/dev/shm")
 # torch dtype -> safetensors dtype code (the format's header names)

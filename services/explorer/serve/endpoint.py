@@ -14,12 +14,12 @@ from pathlib import Path
 from services.common.app import stop_service
 from services.common.config import RFTConfig, resolve
 from services.common.log import get_logger
-from services.common.sync_client import SyncClient
 from services.explorer.core import ExplorerCore
 from services.explorer.serve.endpoint_core import EndpointCore
 from services.explorer.serve.http_server import HttpServer, follow_weights
 from services.explorer.serve.openai_app import build_app
 from services.explorer.serve.sessions import SessionStore
+from services.weight_sync.member.client import SyncClient
 
 log = get_logger("explorer.serve")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")

@@ -27,10 +27,10 @@ from rft.v1 import synchronizer_pb2
 
 from services.common.config.explorer import SERVE_URL_FILE as URL_FILE
 from services.common.log import get_logger
-from services.common.sync_away import Backoff, is_away, synchronizer_away
-from services.common.sync_client import SyncClient
-from services.common.weight_sync import GroupBrokenError, StaleGenerationError
-from services.common.weight_sync.method import SyncMethod, sync_method
+from services.weight_sync import GroupBrokenError, StaleGenerationError
+from services.weight_sync.member.away import Backoff, is_away, synchronizer_away
+from services.weight_sync.member.client import SyncClient
+from services.weight_sync.method import SyncMethod, sync_method
 
 log = get_logger("explorer.serve")
 

@@ -15,7 +15,7 @@ from rft.v1 import buffer_pb2_grpc
 
 from services.common.healthcheck import main
 from services.common.rpc import start_server
-from services.common.weight_sync import free_port
+from services.weight_sync import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 SERVICE = "rft.v1.BufferService"

@@ -21,11 +21,11 @@ from services.common.config import load_config
 from services.common.experience import experiences_equal, from_proto
 from services.common.rpc import create_channel, start_server
 from services.common.tiny_model import make_tiny_model
-from services.common.weight_sync import BroadcastGroup, GroupInfo, free_port, specs_of, state_dict_to_chunks
 from services.explorer.service import build_core
 from services.explorer.servicer import ExplorerServicer, registration
 from services.explorer.sink import BufferSink
 from services.explorer.workflows.arithmetic import make_arithmetic_rows
+from services.weight_sync import BroadcastGroup, GroupInfo, free_port, specs_of, state_dict_to_chunks
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 trainer, two explorers): each explorer serves a weight relay, the synchronizer chains them (the first
 to register pulls from the synchronizer, the other from the first's relay), and every version still
 arrives bit for bit (SHA-256 of what the trainer sent == of what each explorer's engine holds). The
-second explorer asks the first's relay for the version each step needs (relay_notice.py), and neither
+second explorer asks the first's relay for the version each step needs (tree/notices.py), and neither
 reports its loads each step: the synchronizer hears the held version from their heartbeats. SIGKILL of
 the parent explorer mid-run: the child asks the synchronizer instead and goes on, the restarted parent
 rejoins with a new relay, and every version still arrives bit for bit."""

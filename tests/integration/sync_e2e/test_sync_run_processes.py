@@ -44,7 +44,7 @@ def _check_end(run: RunHarness, trainer_steps: int) -> None:
     assert list((run.job_dir / f"global_step_{trainer_steps}" / "huggingface").glob("*.safetensors"))
 
 
-BF16_AS_PLUGIN = "services.common.weight_sync.bf16_wire:Bf16WireMethod"  # `memory_bf16`, by its class path
+BF16_AS_PLUGIN = "services.weight_sync.methods.bf16:Bf16WireMethod"  # `memory_bf16`, by its class path
 
 
 @pytest.mark.parametrize(

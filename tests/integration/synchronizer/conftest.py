@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from services.common.config.sync_plan import SyncPlan
 from services.common.rpc import create_channel, start_server
-from services.common.sync_client import SyncClient
-from services.common.sync_policy import SyncPlan
-from services.common.weight_sync import sync_method
 from services.synchronizer.core import SynchronizerCore
 from services.synchronizer.servicer import registration
 from services.synchronizer.settings import SynchronizerSettings
+from services.weight_sync import sync_method
+from services.weight_sync.member.client import SyncClient
 
 
 @pytest.fixture

@@ -13,15 +13,15 @@ import pytest
 from rft.v1 import synchronizer_pb2, synchronizer_pb2_grpc
 
 from launcher.conformance.synchronizer import CHECKS
+from services.common.config.sync_plan import SyncPlan
 from services.common.rpc import create_channel, start_server
 from services.common.rpc.decode import DecodeErrorInterceptor
-from services.common.sync_policy import SyncPlan
-from services.common.weight_sync import sync_method
 from services.synchronizer.core import SynchronizerCore
 from services.synchronizer.errors import WrongState
 from services.synchronizer.members import Role
 from services.synchronizer.servicer import SERVICE_NAME, SynchronizerServicer, _version, add_to_server
 from services.synchronizer.settings import SynchronizerSettings
+from services.weight_sync import sync_method
 from tests.support.conformance import conformance, service_process, statuses
 
 TOKEN = "conformance-token"

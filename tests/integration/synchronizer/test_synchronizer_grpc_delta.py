@@ -13,8 +13,8 @@ import torch
 
 from services.common.modeling import load_model
 from services.common.tiny_model import make_tiny_model
-from services.common.weight_sync import sync_method, weights_digest
-from services.common.weight_sync.methods import MemoryFetch
+from services.weight_sync import sync_method, weights_digest
+from services.weight_sync.methods.builtin import MemoryFetch
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +131,7 @@ async def test_delta_sync_off_pulls_every_version_in_full(tiny_dir, sync_server,
 
 async def test_delta_sync_follows_the_config():
     from services.common.config import RFTConfig
-    from services.common.sync_client import SyncClient
+    from services.weight_sync.member.client import SyncClient
 
     on = SyncClient.from_config(RFTConfig(), "e0", "explorer")
     off = SyncClient.from_config(RFTConfig(synchronizer={"delta_sync": False}), "e1", "explorer")

@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
-from services.common.weight_sync import BroadcastGroup, StaleGenerationError, specs_of
-from services.common.weight_sync.methods import BroadcastFetch
+from services.weight_sync import BroadcastGroup, StaleGenerationError, specs_of
+from services.weight_sync.methods.builtin import BroadcastFetch
 from tests.support.weight_sync_worker import Worker, digest, make_state_dict
 
 

@@ -10,11 +10,20 @@ import pytest
 import torch
 
 from services.common.modeling import load_model
-from services.common.sync_client import SyncWaitTimeout
-from services.common.sync_hooks import ExplorerSyncGate, TrainerSyncHook
 from services.common.tiny_model import make_tiny_model
-from services.common.weight_sync import CheckpointStore, WeightSyncError, load_weights, state_dict_to_chunks
-from services.common.weight_sync.methods import CheckpointFetch, MemoryFetch
+from services.weight_sync import (
+    CheckpointStore,
+    WeightSyncError,
+    load_weights,
+    state_dict_to_chunks,
+    sync_method,
+)
+from services.weight_sync.member.client import SyncWaitTimeout
+from services.weight_sync.member.explorer_gate import ExplorerSyncGate
+from services.weight_sync.member.trainer_hook import TrainerSyncHook
+from services.weight_sync.methods.builtin import CheckpointFetch, MemoryFetch
+
+MEMORY = sync_method("memory")  # typed once, as a settings record does
 
 
 @pytest.fixture(scope="module")
@@ -134,8 +143,8 @@ async def test_synchronizer_hook_and_gate_move_memory_weights(tiny_dir, sync_ser
         load_weights(target, named)
         loaded.append(version)
 
-    hook = TrainerSyncHook(trainer, "memory", sync)
-    gate = ExplorerSyncGate(explorer, MemoryFetch(explorer, load), timeout_s=20)
+    hook = TrainerSyncHook(trainer, MEMORY, sync)
+    gate = ExplorerSyncGate(explorer, MemoryFetch(explorer, load), timeout_s=20, method=MEMORY)
     await gate.before_step(1, 0)  # nothing needed yet
     blocked = asyncio.create_task(gate.before_step(2, 0))
     await core.wait_until(lambda: core.members["e0"].status.name == "REQUIRE_SYNC", 10)
@@ -161,7 +170,7 @@ async def test_gate_waits_while_the_trainer_moves_and_says_why_when_it_stops(
     async def load(named, version):
         load_weights(target, named)
 
-    gate = ExplorerSyncGate(explorer, MemoryFetch(explorer, load), timeout_s=1.0)
+    gate = ExplorerSyncGate(explorer, MemoryFetch(explorer, load), timeout_s=1.0, method=MEMORY)
 
     def timeouts() -> int:
         return sum(1 for e in core.history if e.kind == "timeout" and e.member_id == "e0")
@@ -207,8 +216,8 @@ async def test_fully_async_gate_never_waits_and_takes_new_weights_at_the_next_st
         load_weights(target, named)
         loaded.append(version)
 
-    hook = TrainerSyncHook(trainer, "memory", sync)
-    gate = ExplorerSyncGate(explorer, MemoryFetch(explorer, load), timeout_s=20)
+    hook = TrainerSyncHook(trainer, MEMORY, sync)
+    gate = ExplorerSyncGate(explorer, MemoryFetch(explorer, load), timeout_s=20, method=MEMORY)
     for step in range(1, 6):  # far ahead of a trainer that has published nothing
         await asyncio.wait_for(gate.before_step(step, 0), 10)
     assert loaded == [] and gate.step_metrics()["time/load_weights"] == 0.0
@@ -255,7 +264,7 @@ async def test_pipelined_hook_sends_the_snapshot_while_the_next_step_trains(
         await trainer.push_weights(snap.state, version=snap.step, step=snap.step)
         return Result(snap.step)
 
-    hook = TrainerSyncHook(trainer, "memory", sync, snapshot=snapshot, pipeline_every=1)
+    hook = TrainerSyncHook(trainer, MEMORY, sync, snapshot=snapshot, pipeline_every=1)
     await trainer.heartbeat(step=1)
     assert await hook.after_step(1) == {}  # returned with the sync still waiting to send
     sent = {k: v.clone() for k, v in source.state_dict().items()}

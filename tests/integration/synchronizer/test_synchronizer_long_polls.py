@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 
 from services.common.rpc import create_channel
-from services.common.sync_client import SyncClient
-from services.common.weight_sync import specs_of
+from services.weight_sync import specs_of
+from services.weight_sync.member.client import SyncClient
 from tests.support.weight_sync_worker import make_state_dict
 
 RPC_TIMEOUT_S = 2.0  # the channel's default deadline

@@ -19,9 +19,9 @@ import time
 
 import pytest
 
-from services.common.weight_sync import BroadcastGroup, StaleGenerationError, specs_of
-from services.common.weight_sync.methods import BroadcastFetch
-from services.common.weight_sync.superseded import broadcast_unless_called_off
+from services.weight_sync import BroadcastGroup, StaleGenerationError, specs_of
+from services.weight_sync.member.superseded import broadcast_unless_called_off
+from services.weight_sync.methods.builtin import BroadcastFetch
 from tests.support.weight_sync_worker import Worker, make_state_dict
 
 SYNC_TIMEOUT_S = 600.0  # the group's own timeout: never reached by these tests

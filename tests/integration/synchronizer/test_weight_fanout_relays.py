@@ -16,8 +16,8 @@ import torch
 from bench.relay_fleet import FleetProcess, state_hash
 from bench.scale import start_service
 from services.common.rpc import create_channel
-from services.common.sync_client import SyncClient
-from services.common.weight_sync.fanout import ROOT, plan_tree
+from services.weight_sync.member.client import SyncClient
+from services.weight_sync.tree.plan import ROOT, plan_tree
 
 pytestmark = pytest.mark.slow
 _versions = itertools.count(1)

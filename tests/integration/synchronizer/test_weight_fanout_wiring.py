@@ -11,10 +11,10 @@ from types import SimpleNamespace
 import torch
 
 from services.common.config.services import Endpoint
-from services.common.weight_sync import sync_method
-from services.common.weight_sync.method import Receiver
-from services.common.weight_sync.relay_fetch import RelayFetch, explorer_fetch, relay_fetch
-from services.common.weight_sync.relay_rpc import serve_relay
+from services.weight_sync import sync_method
+from services.weight_sync.method import Receiver
+from services.weight_sync.tree.fetch import RelayFetch, explorer_fetch, relay_fetch
+from services.weight_sync.tree.server import serve_relay
 
 
 def weights(seed: int) -> dict[str, torch.Tensor]:

@@ -14,11 +14,11 @@ from rft.v1.common_pb2 import ModelVersion
 from rft.v1.synchronizer_pb2 import WaitForVersionResponse
 
 from services.common.rpc import create_channel
-from services.common.weight_sync import sync_method
-from services.common.weight_sync.fanout import ROOT
-from services.common.weight_sync.method import Receiver
-from services.common.weight_sync.relay_fetch import relay_fetch
-from services.common.weight_sync.relay_rpc import serve_relay
+from services.weight_sync import sync_method
+from services.weight_sync.method import Receiver
+from services.weight_sync.tree.fetch import relay_fetch
+from services.weight_sync.tree.plan import ROOT
+from services.weight_sync.tree.server import serve_relay
 
 
 def weights(seed: int) -> dict[str, torch.Tensor]:

@@ -1,4 +1,4 @@
-"""Version notices down the fan-out tree (relay_notice.py) over real `grpc.aio` servers on port 0: an
+"""Version notices down the fan-out tree (tree/notices.py) over real `grpc.aio` servers on port 0: an
 explorer asks its parent's relay whether the version its step needs is published, a relay asks up its
 own chain once for all its children, so the synchronizer answers only the root's children; a dead
 parent sends the child to the synchronizer, a hung one after its deadline; a parent with nothing new
@@ -14,10 +14,10 @@ import grpc
 import pytest
 from rft.v1 import synchronizer_pb2
 
-from services.common.sync_policy import SyncPlan
-from services.common.weight_sync.relay_notice import WAIT, Notices, NoticeUnavailable, tree_wait
-from services.common.weight_sync.relay_rpc import peer_channel, serve_relay
+from services.common.config.sync_plan import SyncPlan
 from services.synchronizer.members import MemberStatus
+from services.weight_sync.tree.notices import WAIT, Notices, NoticeUnavailable, tree_wait
+from services.weight_sync.tree.server import peer_channel, serve_relay
 
 
 async def chain_of_three(sync_server, sync_clients):

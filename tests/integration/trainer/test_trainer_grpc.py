@@ -16,13 +16,13 @@ from services.common.buffer_client import BufferClient
 from services.common.rpc.client import create_channel
 from services.common.rpc.server import start_server
 from services.common.tiny_model import make_tiny_model
-from services.common.weight_sync import BroadcastGroup, GroupInfo, TransportOptions, chunks_to_state_dict
 from services.trainer.distributed import ensure_process_group
 from services.trainer.engine import FSDPEngine
 from services.trainer.service import build_core
 from services.trainer.servicer import TrainerServicer, registration
 from services.trainer.settings import TrainerSettings
 from services.trainer.weight_sync import WeightSync
+from services.weight_sync import BroadcastGroup, GroupInfo, TransportOptions, chunks_to_state_dict
 from tests.support.trainer_data import make_config, make_experiences
 
 torch.set_num_threads(1)

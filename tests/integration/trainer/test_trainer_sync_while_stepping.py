@@ -14,12 +14,12 @@ import torch
 
 from services.common.collective_lock import collective_lock, issuing_collectives
 from services.common.tiny_model import make_tiny_model
-from services.common.weight_sync import BroadcastGroup, TransportOptions
 from services.trainer.core import TrainerCore
 from services.trainer.distributed import ensure_process_group
 from services.trainer.engine import FSDPEngine
 from services.trainer.settings import TrainerSettings
 from services.trainer.weight_sync import WeightSync
+from services.weight_sync import BroadcastGroup, TransportOptions
 from tests.support.trainer_data import OrderedBuffer, make_config, make_experiences
 
 torch.set_num_threads(1)

@@ -13,9 +13,9 @@ import torch
 import torch.multiprocessing as mp
 from torch import nn
 
-from services.common.weight_sync import GroupInfo, free_port, specs_of
-from services.common.weight_sync.broadcast import BroadcastGroup
 from services.trainer.weight_gather import compute_dtype, gather_full, iter_full_tensors
+from services.weight_sync import GroupInfo, free_port, specs_of
+from services.weight_sync.wire.broadcast import BroadcastGroup
 
 pytestmark = pytest.mark.slow
 

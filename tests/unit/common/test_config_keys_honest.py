@@ -8,7 +8,7 @@ lists, tuples, dicts and optionals of sections. A leaf passes when it is
   as an attribute access (`.name` in the token stream: `config.model.temperature`, `m.temperature`)
   or as a string literal equal to the name (`getattr(alg, "advantage_fn")`, `extra.get("seed")`,
   `tree["model"]["model_path"]` after `model_dump`). Comments and docstrings do not count (the source
-  is tokenized). `services/common/config/resolved.py`, `gpus.py` and `memory_plan.py` count as readers: they are the
+  is tokenized). `services/common/config/resolved.py`, `gpus.py` and `sync_plan.py` count as readers: they are the
   derived views the services read (`resolve(config).job_dir` reads `checkpoint_root_dir`). The
   modules that define sections, the loader and `compat.py` do not;
 - or listed in `compat.REFUSED` (refused at load when set) or `compat.WARNED` (a warning when set),
@@ -40,7 +40,7 @@ from services.common.config.loader import config_warnings
 
 ROOT = Path(__file__).resolve().parents[3]
 CONFIG_PACKAGE = ROOT / "services/common/config"
-READER_MODULES_IN_CONFIG = {"resolved.py", "gpus.py", "memory_plan.py"}
+READER_MODULES_IN_CONFIG = {"resolved.py", "gpus.py", "sync_plan.py"}
 
 
 def _sections_in(tp: typing.Any) -> list[type[BaseModel]]:

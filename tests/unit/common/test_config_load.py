@@ -101,7 +101,7 @@ def test_cross_section_rule_suggests_fix():
 
 def test_aliases_normalised():
     """Style aliases normalise at load; a method alias is resolved by the one method registry into the
-    typed method each service's settings record holds (services/common/weight_sync/method.py)."""
+    typed method each service's settings record holds (services/weight_sync/method.py)."""
     from services.synchronizer.settings import SynchronizerSettings
 
     config = load_config(text="synchronizer: {sync_method: online, sync_style: dynamic_by_explorer}\n")

@@ -11,10 +11,10 @@ import pytest
 from services.common.config import ConfigError, load_config, resolve
 from services.common.config.gpus import GpuDemand, GpuPlacementError, place_gpus
 from services.common.config.resolved import SHARED_GPU_ROLLOUT_MEMORY
-from services.common.weight_sync.transport import transport_options
 from services.synchronizer.members import Member, Role
 from services.synchronizer.rendezvous import Rendezvous
 from services.synchronizer.settings import SynchronizerSettings
+from services.weight_sync.transport import transport_options
 
 BASE = "model: {max_response_tokens: 4}\n"
 ONE_GPU = BASE + "cluster: {gpu_per_node: 1}\n"

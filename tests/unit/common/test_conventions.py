@@ -1,4 +1,5 @@
-"""Conventions checked by tools: services never import each other; generated protos match the protos."""
+"""Conventions checked by tools: services never import each other (services/common and services/weight_sync
+are shared, and common never imports weight_sync); generated protos match the protos."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from services.common.sync_policy import STYLE_ALIASES, STYLES
+from services.common.config.sync_plan import STYLE_ALIASES, STYLES
 
 ROOT = Path(__file__).resolve().parents[3]
 SERVICES = ("buffer", "explorer", "trainer", "synchronizer")
@@ -32,12 +33,18 @@ def test_services_never_import_each_other():
                 parts = mod.split(".")
                 if len(parts) >= 2 and parts[0] == "services" and parts[1] in SERVICES and parts[1] != svc:
                     offenders.append(f"{path.relative_to(ROOT)} imports {mod}")
-    for path in (ROOT / "services" / "common").rglob("*.py"):
-        for mod in _imported_modules(path):
-            parts = mod.split(".")
-            if len(parts) >= 2 and parts[0] == "services" and parts[1] in SERVICES:
-                offenders.append(f"{path.relative_to(ROOT)} imports {mod}")
-    assert not offenders, "services must talk over gRPC, not imports:\n" + "\n".join(offenders)
+    # the shared wings: services/common imports no service and not services/weight_sync (which builds on
+    # it); services/weight_sync imports no service. Every service may import both.
+    for wing, forbidden in (("common", (*SERVICES, "weight_sync")), ("weight_sync", SERVICES)):
+        for path in (ROOT / "services" / wing).rglob("*.py"):
+            for mod in _imported_modules(path):
+                parts = mod.split(".")
+                if len(parts) >= 2 and parts[0] == "services" and parts[1] in forbidden:
+                    offenders.append(f"{path.relative_to(ROOT)} imports {mod}")
+    assert not offenders, (
+        "services must talk over gRPC, not imports; services/common must not import services/weight_sync:\n"
+        + "\n".join(offenders)
+    )
 
 
 def test_generated_protos_have_not_drifted():
@@ -58,10 +65,10 @@ def test_every_module_opens_with_a_docstring():
 
 
 # ---- one sync policy, one method registry ------------------------------------------------------------
-# Only the policy object (services/common/sync_policy.py) reads a sync style, and only the method
-# registry (services/common/weight_sync/) a method's name: every service asks them
+# Only the policy object (services/common/config/sync_plan.py) reads a sync style, and only the method
+# registry (services/weight_sync/) a method's name: every service asks them
 # (`settings.sync_plan.pipelined()`, `settings.sync_method.broadcast`), never compares strings.
-POLICY_HOMES = (ROOT / "services" / "common" / "sync_policy.py", ROOT / "services" / "common" / "weight_sync")
+POLICY_HOMES = (ROOT / "services" / "common" / "config" / "sync_plan.py", ROOT / "services" / "weight_sync")
 STYLE_NAMES = set(STYLES) | set(STYLE_ALIASES)
 UNAMBIGUOUS_STYLES = STYLE_NAMES - {"fixed"}  # "fixed" is also e.g. a KL controller's kind
 
@@ -104,7 +111,7 @@ def test_no_service_compares_a_sync_style_or_method_outside_the_policy():
             if _compares_sync_policy(node)
         ]
     assert found == [], (
-        "ask services/common/sync_policy.py's SyncPlan or the method registry instead of comparing:\n"
+        "ask services/common/config/sync_plan.py's SyncPlan or the method registry instead of comparing:\n"
         + "\n".join(found)
     )
 
@@ -123,8 +130,8 @@ def test_the_sync_policy_rule_catches_a_comparison():
         assert any(_compares_sync_policy(n) for n in ast.walk(tree)), source
     for source in ('kl_args.get("kl_ctrl", "fixed") != "fixed"', 'store == "memory"', "step % interval == 0"):
         assert not _compares_sync_policy(ast.parse(source, mode="eval").body), source
-    assert not _outside_policy_homes(ROOT / "services" / "common" / "sync_policy.py")
-    assert not _outside_policy_homes(ROOT / "services" / "common" / "weight_sync" / "method.py")
+    assert not _outside_policy_homes(ROOT / "services" / "common" / "config" / "sync_plan.py")
+    assert not _outside_policy_homes(ROOT / "services" / "weight_sync" / "method.py")
     assert _outside_policy_homes(ROOT / "services" / "trainer" / "service.py")
 
 

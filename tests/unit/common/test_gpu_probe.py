@@ -25,7 +25,7 @@ def test_the_script_parses_and_its_planned_seconds_sum_under_480():
 
 def test_the_named_test_files_exist_and_hold_gpu_marked_tests():
     files = [f for _, _, command in gpu_probe_check.plan() for f in gpu_probe_check.pytest_targets(command)]
-    assert "tests/integration/common/test_weight_sync_failures.py" in files
+    assert "tests/integration/weight_sync/test_failures.py" in files
     for f in files:
         assert "pytest.mark.gpu" in (ROOT / f).read_text(), f
 

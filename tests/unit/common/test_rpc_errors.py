@@ -13,12 +13,6 @@ from redis.exceptions import ResponseError as RedisResponseError
 from services.buffer.records import BufferFull, ConsumerNotOpen, FencedError, LeaseError, ValidationError
 from services.buffer.servicer import ERRORS as BUFFER
 from services.common.rpc.errors import ErrorMap, Rule
-from services.common.weight_sync.errors import (
-    GroupBrokenError,
-    MissingChunkError,
-    StaleGenerationError,
-    WeightSyncError,
-)
 from services.explorer.serve.sessions import SessionError
 from services.explorer.servicer import ERRORS as EXPLORER
 from services.explorer.servicer import SERVE_ERRORS
@@ -27,6 +21,16 @@ from services.synchronizer.errors import InvalidArgument, NotRegistered, WrongSt
 from services.synchronizer.servicer import ERRORS as SYNCHRONIZER
 from services.trainer.core import InvalidRequest, NoBatchError, PreconditionError
 from services.trainer.servicer import ERRORS as TRAINER
+from services.weight_sync.errors import (
+    GroupBrokenError,
+    MissingChunkError,
+    StaleGenerationError,
+    WeightSyncError,
+)
+from services.weight_sync.tree.notices import NoticeUnavailable
+from services.weight_sync.tree.server import ERRORS as RELAY
+from services.weight_sync.tree.server import DeltaBaseMismatch, NoticesOff, StepNotAnswered
+from services.weight_sync.tree.store import RelayBroken, VersionNotHeld
 
 C = grpc.StatusCode
 
@@ -98,6 +102,45 @@ def test_guard_aborts_with_the_mapped_status_and_lets_the_rest_through():
     assert outcome == "aborted" and context.aborted == (C.INVALID_ARGUMENT, "request.n must be > 0")
     with pytest.raises(RuntimeError, match="boom"):
         asyncio.run(run(RuntimeError("boom")))
+
+
+def test_guard_stream_aborts_before_or_between_items_and_lets_the_rest_through():
+    table = ErrorMap(Rule(LookupError, C.NOT_FOUND))
+
+    async def run(fail_after: int, exc: BaseException):
+        context, got = _Context(), []
+
+        async def items():
+            for i in range(3):
+                if i == fail_after:
+                    raise exc
+                yield i
+
+        try:
+            async for item in table.guard_stream(context, items()):
+                got.append(item)
+        except _Aborted:
+            pass
+        return got, context.aborted
+
+    assert asyncio.run(run(0, KeyError("v"))) == ([], (C.NOT_FOUND, "'v'"))
+    assert asyncio.run(run(2, LookupError("gone"))) == ([0, 1], (C.NOT_FOUND, "gone"))
+    assert asyncio.run(run(5, KeyError("never"))) == ([0, 1, 2], None)
+    with pytest.raises(RuntimeError, match="boom"):
+        asyncio.run(run(1, RuntimeError("boom")))
+
+
+def test_relay_table():
+    """The codes and messages the relay's hand-written aborts gave (tree/server.py)."""
+    assert _code(RELAY, NoticesOff("off")) == C.UNIMPLEMENTED
+    assert RELAY.status_of(StepNotAnswered("step: min_version only")) == (
+        C.INVALID_ARGUMENT,
+        "step: min_version only",
+    )
+    assert _code(RELAY, VersionNotHeld("v3")) == _code(RELAY, DeltaBaseMismatch("base")) == C.NOT_FOUND
+    assert RELAY.status_of(NoticeUnavailable("x")) == (C.UNAVAILABLE, "no source answered the relay: x")
+    assert RELAY.status_of(RelayBroken("y" * 2000))[1] == ("relay lost the version: " + "y" * 2000)[:1000]
+    assert _code(RELAY, WeightSyncError("other")) is None
 
 
 def test_synchronizer_table():

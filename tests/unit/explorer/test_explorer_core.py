@@ -264,14 +264,14 @@ async def test_steps_wait_on_the_synchronizer_for_the_version_the_plan_needs(tmp
     runs once the trainer publishes it (the plan's formula lives only in the synchronizer)."""
     from safetensors.torch import save_file
 
+    from services.common.config.sync_plan import SyncPlan
     from services.common.rpc import create_channel, start_server
-    from services.common.sync_client import SyncClient
-    from services.common.sync_hooks import ExplorerSyncGate
-    from services.common.sync_policy import SyncPlan
-    from services.common.weight_sync import Receiver, sync_method
     from services.synchronizer.core import SynchronizerCore
     from services.synchronizer.servicer import registration
     from services.synchronizer.settings import SynchronizerSettings
+    from services.weight_sync import Receiver, sync_method
+    from services.weight_sync.member.client import SyncClient
+    from services.weight_sync.member.explorer_gate import ExplorerSyncGate
 
     sync = SynchronizerCore(
         SynchronizerSettings(method=sync_method("checkpoint"), plan=SyncPlan("fixed", 1, 1))

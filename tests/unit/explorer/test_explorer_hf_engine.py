@@ -8,8 +8,8 @@ import asyncio
 import pytest
 import torch
 
-from services.common.weight_sync import WeightLoadError
 from services.explorer.engines.hf import HFEngine
+from services.weight_sync import WeightLoadError
 
 from .fakes import sampling
 

@@ -19,10 +19,10 @@ import safetensors.torch
 import torch
 from rft.v1 import common_pb2
 
-from services.common.weight_sync import GroupInfo, TensorSpec, WeightLoadError
 from services.explorer.engines.vllm import VLLMEngine
 from services.explorer.engines.vllm_worker import QuantizedPartialLoadError, WeightSyncExtension, tied_layers
 from services.explorer.engines.weights_shm import read_shared_weights, write_shared_weights
+from services.weight_sync import GroupInfo, TensorSpec, WeightLoadError
 
 from .fakes import CharTokenizer, sampling
 

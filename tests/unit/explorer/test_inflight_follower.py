@@ -11,8 +11,8 @@ import pytest
 from rft.v1 import common_pb2, synchronizer_pb2
 
 from services.common.experience import Experience
-from services.common.weight_sync.method import sync_method
 from services.explorer.inflight import InflightFollower, enable_inflight, inflight_metrics, serialised
+from services.weight_sync.method import sync_method
 
 
 def _answer(version: int, *, finished: bool = False, timed_out: bool = False):

@@ -59,7 +59,7 @@ def test_sync_method_is_checked_against_the_method_registry():
     assert "memory_bf16" in message.split("known: ")[1]
     for name in ("nccl", "online", "memory", "memory_bf16", "checkpoint"):
         assert check_names(_config(synchronizer__sync_method=name)) == [], name
-    plugin = "services.common.weight_sync.bf16_wire:Bf16WireMethod"
+    plugin = "services.weight_sync.methods.bf16:Bf16WireMethod"
     assert check_names(_config(synchronizer__sync_method=plugin)) == []
     # an adapter-only method needs a LoRA policy
     problems = _by_path(check_names(_config(synchronizer__sync_method="lora_adapter")))

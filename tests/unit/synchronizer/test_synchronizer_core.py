@@ -8,12 +8,12 @@ import asyncio
 import pytest
 import torch
 
-from services.common.sync_policy import SyncPlan
-from services.common.weight_sync import specs_of, sync_method
+from services.common.config.sync_plan import SyncPlan
 from services.synchronizer.core import SynchronizerCore
 from services.synchronizer.errors import NotRegistered, WrongState
 from services.synchronizer.members import MemberStatus, Role
 from services.synchronizer.settings import SynchronizerSettings
+from services.weight_sync import specs_of, sync_method
 
 SPECS = specs_of({"w": torch.zeros(4, 4), "b": torch.zeros(4)})
 

@@ -7,10 +7,10 @@ import asyncio
 
 import torch
 
-from services.common.weight_sync.codec import decode_state_dict
-from services.common.weight_sync.delta import apply_delta
-from services.common.weight_sync.memory import encode_raw_chunks, join_raw_chunks, parse_raw_chunk
 from services.synchronizer.weights import PushAssembly, StoredWeights, WeightDeltas
+from services.weight_sync.wire.chunks import encode_raw_chunks, join_raw_chunks, parse_raw_chunk
+from services.weight_sync.wire.codec import decode_state_dict
+from services.weight_sync.wire.delta import apply_delta
 
 
 def stored(state: dict[str, torch.Tensor], version: int) -> StoredWeights:

@@ -13,11 +13,11 @@ from transformers import AutoModelForCausalLM
 
 from services.common.config import ConfigError, load_config
 from services.common.tiny_model import make_tiny_model
-from services.common.weight_sync.lora_adapter import adapter_targets, merge_adapter, read_base_weights
 from services.trainer.collate import collate
 from services.trainer.distributed import ensure_process_group
 from services.trainer.engine import FSDPEngine
 from services.trainer.settings import TrainerSettings
+from services.weight_sync.methods.lora import adapter_targets, merge_adapter, read_base_weights
 from tests.support.trainer_data import make_config, make_experiences
 
 torch.set_num_threads(1)
