@@ -199,22 +199,14 @@ def replay_cmd(
     compare the weights and metrics with what the run recorded (docs/replay.md). Needs the run's replay
     records (trainer.replay_keep_steps). Exit 0 every step matches, 1 one differs, 2 it cannot be replayed
     (past retention, no saved state before it, a multi-rank run)."""
-    import json
+    import subprocess
+    import sys
 
-    from launcher.replay import ReplayError, replay_steps
-    from services.common.plugins import PluginError
-
-    if not job_dir.is_dir():
-        typer.echo(f"{job_dir}: no such job folder", err=True)
-        raise typer.Exit(2)
-    try:
-        results = replay_steps(job_dir, sorted(set(step)), tolerance)
-    except (ReplayError, ConfigError, PluginError) as exc:
-        typer.echo(f"rft replay: {exc}", err=True)
-        raise typer.Exit(2) from None
-    for result in results:
-        typer.echo(json.dumps(result.as_dict()) if json_out else "\n".join(result.lines()))
-    raise typer.Exit(0 if all(r.ok for r in results) else 1)
+    argv = [sys.executable, "-m", "services.trainer.replay", str(job_dir)]
+    argv += [f"--step={s}" for s in step]
+    argv += [f"--tolerance={tolerance}"] if tolerance is not None else []
+    argv += ["--json"] if json_out else []
+    raise typer.Exit(subprocess.run(argv).returncode)  # the trainer's code, in a process of its own
 
 
 @app.command("plot")

@@ -27,7 +27,7 @@ Trainer, per rank (N = trainer.nproc ranks, FSDP2 shards everything N ways; CUDA
                  inputs and outputs with their fp32 upcast, q, k, v, attention output, the SwiGLU
                  gate, up, product and down input; flash attention keeps no s x s scores).
                  Measured on a real bf16 Qwen2 with the trainer's checkpointing switch
-                 (tests/unit/common/test_memory_plan.py): 2h per layer checkpointed, about A - 4h without;
+                 (tests/unit/launch/test_memory_plan.py): 2h per layer checkpointed, about A - 4h without;
                  the final norm's tensors (~9h per token, once) fall within that margin.
                  tokens: the token budget of a micro-batch (use_dynamic_bsz) or
                  micro_batch_size_per_gpu x max_model_len (x 2 rows for DPO pairs).
@@ -294,7 +294,7 @@ def logits_bytes(config: RFTConfig, shape: ModelShape, tokens: int) -> float:
     """Peak bytes of the LM head and the log-probs over `tokens` tokens of one micro-batch.
 
     Per token, in units of V (services/trainer/actor.py `policy_forward`, algorithms/entropy.py;
-    measured with a live-tensor tracker in tests/unit/common/test_memory_plan.py):
+    measured with a live-tensor tracker in tests/unit/launch/test_memory_plan.py):
       forward:  2 (bf16 logits, held by the model output) + 4 (their fp32 copy, saved by logsumexp)
                 + 4 + 4 (the no-grad entropy's exp(z - lse) and its product with z)      = 14
       backward: 4 (the saved fp32 logits) + 4 (gather's gradient) + 4 + 4 + 4 (logsumexp's

@@ -1,4 +1,4 @@
-"""`rft replay` (launcher/replay.py) on a job folder of real files (lineage, checkpoint folders, replay
+"""`rft replay` (services/trainer/replay.py) on a job folder of real files (lineage, checkpoint folders, replay
 records): the state a step starts from, the clear refusals, and the comparison that names the first
 tensor that differs (with its max abs diff from the step's checkpoint) and every differing metric."""
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from launcher.replay import ReplayError, StepReplay, compare_metrics, compare_weights, plan_replay
 from services.common.lineage import MARKER, StepLineage, experience_uid, write_lineage
+from services.trainer.replay import ReplayError, StepReplay, compare_metrics, compare_weights, plan_replay
 from services.trainer.replay_record import ReplayRecorder, read_record, weights_digest
 from tests.support.trainer_data import make_experiences
 

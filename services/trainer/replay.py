@@ -1,4 +1,4 @@
-"""`rft replay JOB_DIR --step N`: train step N again, as the run did, and compare with what it recorded.
+"""`rft replay JOB_DIR --step N` (`python -m services.trainer.replay`): train step N again, as the run did, and compare with what it recorded.
 
 The state before step N is the newest checkpoint M < N of the job (or the initial model, M = 0) from
 which the trainer's replay records (`services/trainer/replay_record.py`) cover every step M+1..N. Each
@@ -232,3 +232,37 @@ def replay_steps(job_dir: Path, steps: list[int], tolerance: float | None = None
                 results.append(out)
                 break
     return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m services.trainer.replay JOB_DIR --step N [--step M] [--tolerance T] [--json]`, which
+    `rft replay` runs: one line block (or JSON object) per step; exit 0 all match, 1 one differs, 2 a step
+    cannot be replayed."""
+    import argparse
+    import json
+    import sys
+
+    from services.common.config import ConfigError
+    from services.common.plugins import PluginError
+
+    parser = argparse.ArgumentParser(prog="rft replay")
+    parser.add_argument("job_dir", type=Path)
+    parser.add_argument("--step", "-s", type=int, action="append", required=True)
+    parser.add_argument("--tolerance", type=float, default=None)
+    parser.add_argument("--json", dest="json_out", action="store_true")
+    args = parser.parse_args(argv)
+    if not args.job_dir.is_dir():
+        print(f"{args.job_dir}: no such job folder", file=sys.stderr)
+        return 2
+    try:
+        results = replay_steps(args.job_dir, sorted(set(args.step)), args.tolerance)
+    except (ReplayError, ConfigError, PluginError) as exc:
+        print(f"rft replay: {exc}", file=sys.stderr)
+        return 2
+    for result in results:
+        print(json.dumps(result.as_dict()) if args.json_out else "\n".join(result.lines()))
+    return 0 if all(r.ok for r in results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
