@@ -10,6 +10,7 @@ import argparse
 import asyncio
 from pathlib import Path
 
+import torch
 import uvicorn
 
 from services.common.tiny_model import make_tiny_model
@@ -55,9 +56,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--port-file", type=Path)
     p.add_argument("--api-key", default=None, help="the key clients must send (TINKER_API_KEY); tml-...")
     p.add_argument("--base-model", action="append", default=[], help="NAME=FOLDER, repeatable")
+    p.add_argument("--full", action="append", default=[], help="a base model NAME trained in full, not LoRA")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--checkpoint-dir", type=Path, default=Path("checkpoints/tinker"))
     a = p.parse_args(argv)
-    server = TinkerServer(base_models(a.base_model), a.checkpoint_dir, a.api_key)
+    if a.threads > 0:
+        torch.set_num_threads(a.threads)
+    server = TinkerServer(base_models(a.base_model), a.checkpoint_dir, a.api_key, full=frozenset(a.full))
     asyncio.run(serve(server, a.host, a.port, a.port_file))
 
 

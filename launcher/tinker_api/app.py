@@ -146,12 +146,15 @@ def build_app(server: TinkerServer, poll_s: float = 20.0) -> FastAPI:
     async def create_sampling_session(request: Request) -> Response:
         body = await request.json()
         try:
-            target = server._sampling_target(body.get("base_model"), body.get("model_path"))
+            sid = server.open_sampling(body.get("base_model"), body.get("model_path"))
         except UserError as exc:
             return _err(400, str(exc))
-        sid = f"sampling-{uuid.uuid4().hex[:12]}"
-        server.sampling[sid] = target
         return JSONResponse({"type": "create_sampling_session", "sampling_session_id": sid})
+
+    @app.get(f"{api}/samplers/{{sid}}")
+    async def sampler(sid: str) -> Response:
+        info = server.sampler_info.get(sid)
+        return JSONResponse(info) if info else _err(404, f"unknown sampler {sid!r}")
 
     @app.post(f"{api}/asample")
     async def asample(request: Request) -> dict[str, Any]:

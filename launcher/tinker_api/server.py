@@ -24,8 +24,15 @@ class UserError(ValueError):
 class TinkerServer:
     """The state behind the routes: base models, sessions, training models and sampling sessions."""
 
-    def __init__(self, base_models: dict[str, str], checkpoint_dir: Path, api_key: str | None = None):
+    def __init__(
+        self,
+        base_models: dict[str, str],
+        checkpoint_dir: Path,
+        api_key: str | None = None,
+        full: frozenset[str] = frozenset(),
+    ):
         self.base_models = base_models
+        self.full = full  # base model names trained in full: a client's LoRA rank is then ignored
         self.checkpoint_dir = checkpoint_dir
         self.api_key = api_key
         self.futures = Futures()
@@ -33,6 +40,7 @@ class TinkerServer:
         self.sessions: dict[str, int] = {}
         self.models: dict[str, TrainingModel] = {}
         self.sampling: dict[str, tuple[str, str, Path | None]] = {}
+        self.sampler_info: dict[str, dict[str, Any]] = {}  # GET /samplers/<id>
 
     def folder(self, base_model: str) -> str:
         if base_model in self.base_models:
@@ -67,8 +75,10 @@ class TinkerServer:
             raise UserError(f"unknown session_id {body.get('session_id')!r}")
         folder = self.folder(body["base_model"])
         lora = body.get("lora_config") or None
-        model_id = f"model-{uuid.uuid4().hex[:12]}"
-        rank = int(lora["rank"]) if lora else None
+        model_id = f"{body['session_id']}:train:{int(body.get('model_seq_id') or 0)}"  # the SDK's own form
+        if model_id in self.models:
+            raise UserError(f"model {model_id} already exists in this session")
+        rank = int(lora["rank"]) if lora and body["base_model"] not in self.full else None
         seed = int(lora.get("seed") or 0) if lora else 0
         self.models[model_id] = TrainingModel(model_id, body["base_model"], folder, rank, seed)
         return {"model_id": model_id, "type": "create_model"}
@@ -81,6 +91,7 @@ class TinkerServer:
             self.sampler.states[key] = {k: v.clone() for k, v in model.full_state().items()}
             sid = f"sampling-{uuid.uuid4().hex[:12]}"
             self.sampling[sid] = (model.folder, key, None)
+            self.sampler_info[sid] = {"sampler_id": sid, "base_model": model.base_model, "model_path": None}
             return {"path": None, "sampling_session_id": sid, "type": "save_weights_for_sampler"}
         name = name or f"step-{model.step:06d}"
         if "/" in name:
@@ -93,16 +104,17 @@ class TinkerServer:
         return {"path": path, "type": "save_weights" if kind == "weights" else "save_weights_for_sampler"}
 
     def load(self, body: dict[str, Any]) -> dict[str, Any]:
-        source_id, folder = self.path(body["path"])
+        _, folder = self.path(body["path"])
         model_id = body.get("model_id")
-        if model_id is None:
-            model_id = self.create_model(
-                {
-                    "session_id": body.get("session_id"),
-                    "base_model": body.get("base_model") or self.models[source_id].base_model,
-                    "lora_config": None,
-                }
-            )["model_id"]
+        if model_id is None:  # a new training client from the checkpoint (create_training_client_from_state)
+            base, rank = TrainingModel.describe(folder)
+            lora = {"rank": rank} if rank else None
+            create = {
+                "session_id": body.get("session_id"),
+                "model_seq_id": body.get("model_seq_id"),
+                "base_model": body.get("base_model") or base,
+            }
+            model_id = self.create_model({**create, "lora_config": lora})["model_id"]
         self.model(model_id).load(folder, with_optimizer=bool(body.get("optimizer")))
         return {"path": body["path"], "model_id": model_id, "type": "load_weights"}
 
@@ -122,12 +134,21 @@ class TinkerServer:
             self.sampler.sample(base, key, wfolder, tokens, int(body.get("num_samples", 1)), params)
         )
 
+    def open_sampling(self, base_model: str | None, model_path: str | None) -> str:
+        target = self._sampling_target(base_model, model_path)
+        sid = f"sampling-{uuid.uuid4().hex[:12]}"
+        self.sampling[sid] = target
+        name = base_model or TrainingModel.describe(target[2])[0]
+        self.sampler_info[sid] = {"sampler_id": sid, "base_model": name, "model_path": model_path}
+        return sid
+
     def _sampling_target(
         self, base_model: str | None, model_path: str | None
     ) -> tuple[str, str, Path | None]:
         if model_path:
-            source_id, folder = self.path(model_path)
-            return self.model(source_id).folder, model_path, folder
+            _, folder = self.path(model_path)
+            base, _ = TrainingModel.describe(folder)
+            return self.folder(base), model_path, folder
         if base_model:
             return self.folder(base_model), "base", None
         raise UserError("a sampling session needs base_model or model_path")

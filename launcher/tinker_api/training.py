@@ -129,10 +129,21 @@ class TrainingModel:
                 shutil.copyfile(Path(self.folder) / name, folder / name)
         self.tokenizer.save_pretrained(folder)
         trainable = {n: p.detach().clone() for n, p in self.model.named_parameters() if p.requires_grad}
-        blob: dict[str, Any] = {"trainable": trainable, "step": self.step, "base_model": self.base_model}
+        blob: dict[str, Any] = {
+            "trainable": trainable,
+            "step": self.step,
+            "base_model": self.base_model,
+            "lora_rank": self.lora_rank,
+        }
         if with_optimizer and self.optimizer is not None:
             blob["optimizer"] = self.optimizer.state_dict()
         torch.save(blob, folder / "trainer.pt")
+
+    @staticmethod
+    def describe(folder: Path) -> tuple[str, int | None]:
+        """The base model name and LoRA rank (None: full) of the checkpoint in `folder`."""
+        blob = torch.load(folder / "trainer.pt", weights_only=False)
+        return blob["base_model"], blob.get("lora_rank")
 
     def load(self, folder: Path, with_optimizer: bool) -> None:
         blob = torch.load(folder / "trainer.pt", weights_only=False)

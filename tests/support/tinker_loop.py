@@ -35,18 +35,28 @@ def _datum(tokens: list[int], **per_token: list[float]) -> types.Datum:
 
 def evaluate(sampler: Any, tok: Any, data: list[dict[str, str]], n: int = 4) -> float:
     params = types.SamplingParams(max_tokens=4, temperature=1.0, seed=0)
-    futures = [sampler.sample(types.ModelInput.from_ints(tok(r["question"]).input_ids), n, params) for r in data]
+    futures = [
+        sampler.sample(types.ModelInput.from_ints(tok(r["question"]).input_ids), n, params) for r in data
+    ]
     scores = [
         arithmetic_reward(tok.decode(s.tokens), r["answer"], format_score=0.0)
-        for r, f in zip(data, futures)
+        for r, f in zip(data, futures, strict=True)
         for s in f.result().sequences
     ]
     return float(np.mean(scores))
 
 
 def sft_then_rl(
-    sc: tinker.ServiceClient, tok: Any, *, base_model: str = "tiny", sft_steps: int = 20, rl_steps: int = 20,
-    loss: str = "importance_sampling", group: int = 8, lr: float = 5e-3, rank: int = 32,
+    sc: tinker.ServiceClient,
+    tok: Any,
+    *,
+    base_model: str = "tiny",
+    sft_steps: int = 20,
+    rl_steps: int = 20,
+    loss: str = "importance_sampling",
+    group: int = 8,
+    lr: float = 5e-3,
+    rank: int = 32,
 ) -> dict[str, float]:
     """Train; returns the reward after SFT and after RL, and the RL steps per second."""
     data = rows()
@@ -70,17 +80,22 @@ def sft_then_rl(
         prompts = [tok(r["question"]).input_ids for r in batch]
         results = [sampler.sample(types.ModelInput.from_ints(p), group, params) for p in prompts]
         datums = []
-        for r, p, fut in zip(batch, prompts, results):
+        for r, p, fut in zip(batch, prompts, results, strict=True):
             seqs = fut.result().sequences
-            rewards = np.array([arithmetic_reward(tok.decode(s.tokens), r["answer"], format_score=0.0) for s in seqs])
+            rewards = np.array(
+                [arithmetic_reward(tok.decode(s.tokens), r["answer"], format_score=0.0) for s in seqs]
+            )
             adv = rewards - rewards.mean()
-            for s, a in zip(seqs, adv):
+            for s, a in zip(seqs, adv, strict=True):
                 if a == 0:
                     continue
                 n = len(s.tokens)
                 datums.append(
-                    _datum(p + list(s.tokens), logprobs=[0.0] * len(p) + list(s.logprobs),
-                           advantages=[0.0] * len(p) + [float(a)] * n)
+                    _datum(
+                        p + list(s.tokens),
+                        logprobs=[0.0] * len(p) + list(s.logprobs),
+                        advantages=[0.0] * len(p) + [float(a)] * n,
+                    )
                 )
         if datums:
             tc.forward_backward(datums, loss)
