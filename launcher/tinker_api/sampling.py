@@ -26,6 +26,13 @@ class Sampler:
         self._versions: dict[str, int] = {}
         self.states: dict[str, dict[str, torch.Tensor]] = {}  # sampler path -> weights (recent saves)
 
+    def keep(self, key: str, state: dict[str, torch.Tensor], snapshots: int = 8) -> None:
+        """Hold `state` under `key`; only the newest `snapshots` unnamed snapshots stay in memory."""
+        self.states[key] = state
+        old = [k for k in self.states if k.startswith("snapshot-")][:-snapshots]
+        for k in old:
+            del self.states[k]
+
     def engine(self, base_folder: str) -> HFEngine:
         if base_folder not in self._engines:
             self._engines[base_folder] = HFEngine.from_pretrained(base_folder, device="cpu", dtype="float32")
@@ -38,7 +45,12 @@ class Sampler:
             if key == "base":
                 state = load_file(str(Path(base_folder) / "model.safetensors"))
             else:
-                state = self.states.get(key) or load_file(str(weights_folder / "model.safetensors"))
+                state = self.states.get(key)
+                if state is None and weights_folder is None:
+                    raise ValueError(
+                        f"sampler weights {key} have expired; save weights for the sampler again"
+                    )
+                state = state if state is not None else load_file(str(weights_folder / "model.safetensors"))
             version = self._versions.get(base_folder, 0) + 1
             self._versions[base_folder] = version
             engine.load_weights_sync(state.items(), version, strict=False)

@@ -88,7 +88,7 @@ class TinkerServer:
         name = body.get("path")
         if kind == "sampler_weights" and not name:  # an ephemeral snapshot for a sampling client
             key = f"snapshot-{uuid.uuid4().hex[:8]}"
-            self.sampler.states[key] = {k: v.clone() for k, v in model.full_state().items()}
+            self.sampler.keep(key, {k: v.clone() for k, v in model.full_state().items()})
             sid = f"sampling-{uuid.uuid4().hex[:12]}"
             self.sampling[sid] = (model.folder, key, None)
             self.sampler_info[sid] = {"sampler_id": sid, "base_model": model.base_model, "model_path": None}
@@ -99,8 +99,6 @@ class TinkerServer:
         folder = self.checkpoint_dir / model.model_id / kind / name
         model.save(folder, with_optimizer=kind == "weights")
         path = f"tinker://{model.model_id}/{kind}/{name}"
-        if kind == "sampler_weights":
-            self.sampler.states[path] = {k: v.clone() for k, v in model.full_state().items()}
         return {"path": path, "type": "save_weights" if kind == "weights" else "save_weights_for_sampler"}
 
     def load(self, body: dict[str, Any]) -> dict[str, Any]:
