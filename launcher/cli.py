@@ -324,11 +324,14 @@ def serve(
         argv += ["--port-file", str(port_file)] if port_file is not None else []
         serve_tinker(argv)
         return
-    if config is None:
-        typer.echo(f"rft serve {service} needs --config RUN.yaml", err=True)
-        raise typer.Exit(2)
     if service not in SERVICES:
-        typer.echo(f"unknown service {service!r}; choose one of {', '.join(SERVICES)}", err=True)
+        typer.echo(f"unknown service {service!r}; choose one of {', '.join(SERVICES)} or tinker", err=True)
+        raise typer.Exit(2)
+    if config is None:
+        typer.echo(
+            f"rft serve {service} needs --config RUN.yaml (only `rft serve tinker` runs without one)",
+            err=True,
+        )
         raise typer.Exit(2)
     if service != "explorer" and (explorer_id is not None or shard is not None):
         typer.echo("--explorer-id and --shard apply to the explorer only", err=True)

@@ -20,9 +20,7 @@ def test_config_check_ok():
     assert result.exit_code == 0, result.output
     assert "train_batch_size=2048" in result.output
     # veRL keys this trainer does not read load with a warning naming their full path
-    assert (
-        "warning: trainer.trainer_config.actor_rollout_ref.model.use_remove_padding" in result.output
-    )
+    assert "warning: trainer.trainer_config.actor_rollout_ref.model.use_remove_padding" in result.output
     result = runner.invoke(app, ["config", "check", example])
     assert result.exit_code == 2
     assert (
@@ -106,9 +104,21 @@ def test_serve_unknown_service():
     assert "unknown service 'bufer'" in result.output
     wrong = runner.invoke(app, ["serve", "buffer", "--config", "run.yaml", "--shard", "0/2"])
     assert wrong.exit_code == 2 and "explorer only" in wrong.output
+    bare = runner.invoke(app, ["serve", "buffer"])
+    assert bare.exit_code == 2 and "needs --config" in bare.output
 
 
 def test_serve_help_lists_every_option():
     text = runner.invoke(app, ["serve", "--help"], terminal_width=200).output
-    for option in ("--config", "--set", "--port", "--port-file", "--plugin-dir", "--explorer-id", "--shard"):
+    for option in (
+        "--config",
+        "--set",
+        "--port",
+        "--port-file",
+        "--plugin-dir",
+        "--explorer-id",
+        "--shard",
+        "--host",
+        "--api-key",
+    ):
         assert option in text, option
