@@ -72,13 +72,18 @@ def sft_then_rl(
         tc.optim_step(adam).result()
     before = evaluate(tc.save_weights_and_get_sampling_client(), tok, data)
     rng = np.random.default_rng(1)
-    params = types.SamplingParams(max_tokens=4, temperature=1.0)
     t0 = time.perf_counter()
-    for _ in range(rl_steps):
+    for step in range(rl_steps):
         sampler = tc.save_weights_and_get_sampling_client()
         batch = [data[i] for i in rng.choice(len(data), 8, replace=False)]
         prompts = [tok(r["question"]).input_ids for r in batch]
-        results = [sampler.sample(types.ModelInput.from_ints(p), group, params) for p in prompts]
+        # seeded: the samples do not depend on what the server's engine sampled before
+        results = [
+            sampler.sample(
+                types.ModelInput.from_ints(p), group, types.SamplingParams(max_tokens=4, seed=100 * step + i)
+            )
+            for i, p in enumerate(prompts)
+        ]
         datums = []
         for r, p, fut in zip(batch, prompts, results, strict=True):
             seqs = fut.result().sequences

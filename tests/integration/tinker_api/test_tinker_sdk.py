@@ -130,4 +130,5 @@ def test_sdk_only_rl_loop_raises_the_quickstart_reward(tinker_url: str) -> None:
     out = sft_then_rl(
         sc, load_tokenizer(tiny_model()), base_model="tiny-full", sft_steps=30, rl_steps=30, lr=1e-3
     )
+    print(out)
     assert out["gain"] >= 0.3, out
