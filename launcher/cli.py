@@ -316,8 +316,8 @@ def make_tiny_model_cmd(
 
 @app.command("serve")
 def serve(
-    service: Annotated[str, typer.Argument(help=f"which service: {', '.join(SERVICES)}")],
-    config: Annotated[Path, typer.Option("--config", "-c", help="run config YAML")],
+    service: Annotated[str, typer.Argument(help=f"which service: {', '.join(SERVICES)}, or tinker")],
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="run config YAML")] = None,
     set_: SetOpt = None,
     port: Annotated[
         int | None, typer.Option(help="listen port (default services.<service>.port; 0 = a free port)")
@@ -332,13 +332,29 @@ def serve(
     shard: Annotated[
         str | None, typer.Option(help="explorer only: take taskset rows i mod n, as i/n (default 0/1)")
     ] = None,
+    host: Annotated[str, typer.Option(help="tinker only: the address to listen on")] = "127.0.0.1",
+    api_key: Annotated[str | None, typer.Option(help="tinker only: the key clients send (tml-...)")] = None,
 ) -> None:
     """Run one service: `rft serve buffer --config run.yaml` (same as `python -m services.buffer`).
 
     It stops on SIGTERM/SIGINT (the trainer saves its last trained step first); exit 0 done, 1 failed,
-    2 bad config or plug-in."""
+    2 bad config or plug-in. `rft serve tinker [--port --host --api-key]` serves the Tinker API
+    (docs/tinker.md); it needs no config."""
+    if service == "tinker":
+        argv = ["--host", host, "--port", str(8000 if port is None else port)]
+        argv += ["--api-key", api_key] if api_key else []
+        argv += ["--port-file", str(port_file)] if port_file is not None else []
+        sys.argv = ["rft serve tinker", *argv]
+        runpy.run_module("tinker_api", run_name="__main__", alter_sys=True)  # as the services are run
+        return
     if service not in SERVICES:
-        typer.echo(f"unknown service {service!r}; choose one of {', '.join(SERVICES)}", err=True)
+        typer.echo(f"unknown service {service!r}; choose one of {', '.join(SERVICES)} or tinker", err=True)
+        raise typer.Exit(2)
+    if config is None:
+        typer.echo(
+            f"rft serve {service} needs --config RUN.yaml (only `rft serve tinker` runs without one)",
+            err=True,
+        )
         raise typer.Exit(2)
     if service != "explorer" and (explorer_id is not None or shard is not None):
         typer.echo("--explorer-id and --shard apply to the explorer only", err=True)

@@ -3,7 +3,8 @@
 # monitors and reasoning-gym extras (pinned by requirements/constraints.txt; `monitors` = tensorboard, wandb
 # and mlflow, which the monitor tests read back; `reasoning-gym` for its taskset source, reward and example;
 # `openenv`, `textarena` and `verifiers` for the environment-library workflows and their tests; `docs` =
-# mkdocs and mkdocs-material, for `mkdocs build --strict`),
+# mkdocs and mkdocs-material, for `mkdocs build --strict`; `tinker`, the official Tinker SDK, which
+# `rft serve tinker` reads its wire types from),
 # and redis-server from the OS packages when missing.
 #
 # torch: on a machine without an NVIDIA GPU the CPU build (torch==2.13.0) is installed FIRST, so no CUDA
@@ -32,7 +33,7 @@ else
   VENV=${RFT_VENV:-.venv}
 fi
 TORCH_VERSION=${RFT_TORCH_VERSION:-2.13.0}
-EXTRAS=${RFT_EXTRAS:-dev,docs,monitors,reasoning-gym,openenv,textarena,verifiers}
+EXTRAS=${RFT_EXTRAS:-dev,docs,tinker,monitors,reasoning-gym,openenv,textarena,verifiers}
 HAS_GPU=0
 command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && HAS_GPU=1
 

@@ -104,9 +104,21 @@ def test_serve_unknown_service():
     assert "unknown service 'bufer'" in result.output
     wrong = runner.invoke(app, ["serve", "buffer", "--config", "run.yaml", "--shard", "0/2"])
     assert wrong.exit_code == 2 and "explorer only" in wrong.output
+    bare = runner.invoke(app, ["serve", "buffer"])
+    assert bare.exit_code == 2 and "needs --config" in bare.output
 
 
 def test_serve_help_lists_every_option():
     text = runner.invoke(app, ["serve", "--help"], terminal_width=200).output
-    for option in ("--config", "--set", "--port", "--port-file", "--plugin-dir", "--explorer-id", "--shard"):
+    for option in (
+        "--config",
+        "--set",
+        "--port",
+        "--port-file",
+        "--plugin-dir",
+        "--explorer-id",
+        "--shard",
+        "--host",
+        "--api-key",
+    ):
         assert option in text, option

@@ -47,6 +47,19 @@ def test_services_never_import_each_other():
     )
 
 
+def test_nothing_in_services_or_the_launcher_imports_the_tinker_front_end():
+    """tinker_api/ composes the trainer's and the explorer's code in one process (docs/tinker.md); the
+    services and the launcher stay free of it (`rft serve tinker` runs it as a module)."""
+    offenders = [
+        f"{path.relative_to(ROOT)} imports {mod}"
+        for top in ("services", "launcher")
+        for path in (ROOT / top).rglob("*.py")
+        for mod in _imported_modules(path)
+        if mod.split(".")[0] == "tinker_api"
+    ]
+    assert not offenders, "\n".join(offenders)
+
+
 def test_generated_protos_have_not_drifted():
     result = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "gen_protos.py"), "--check"], capture_output=True, text=True
@@ -57,7 +70,7 @@ def test_generated_protos_have_not_drifted():
 def test_every_module_opens_with_a_docstring():
     missing = [
         str(p.relative_to(ROOT))
-        for top in ("services", "launcher")
+        for top in ("services", "launcher", "tinker_api")
         for p in (ROOT / top).rglob("*.py")
         if p.stat().st_size and ast.get_docstring(ast.parse(p.read_text())) is None
     ]

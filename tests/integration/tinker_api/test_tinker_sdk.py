@@ -1,0 +1,134 @@
+"""The official `tinker` SDK against `rft serve tinker`: every supported route, the error paths,
+and an SDK-only SFT-then-RL loop on the quickstart's arithmetic task that must raise the reward."""
+
+from __future__ import annotations
+
+import httpx
+import numpy as np
+import pytest
+import tinker
+from tinker import types
+
+from services.common.modeling import load_tokenizer
+from tests.support.rft_run import tiny_model
+from tests.support.tinker_loop import sft_then_rl
+
+from .conftest import API_KEY
+
+pytestmark = pytest.mark.timeout(300)
+
+TOKENS = [5, 6, 7, 8, 9, 10]
+
+
+def datum(tokens: list[int] = TOKENS, weights: list[float] | None = None) -> types.Datum:
+    n = len(tokens) - 1
+    w = np.ones(n, dtype=np.float32) if weights is None else np.asarray(weights, dtype=np.float32)
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": np.asarray(tokens[1:], dtype=np.int64), "weights": w},
+    )
+
+
+def service(url: str, key: str = API_KEY) -> tinker.ServiceClient:
+    return tinker.ServiceClient(base_url=url, api_key=key)
+
+
+def test_every_supported_route_through_the_sdk(tinker_url: str) -> None:
+    sc = service(tinker_url)
+    caps = sc.create_rest_client().get_server_capabilities().result()
+    names = {m.model_name for m in caps.supported_models}
+    assert {"tiny", "tiny-full"} <= names
+    tc = sc.create_lora_training_client(base_model="tiny", rank=8).result()
+    info = tc.get_info()
+    assert (info.is_lora, info.lora_rank, info.model_name) == (True, 8, "tiny")
+
+    fwd = tc.forward([datum()], "cross_entropy").result()
+    logprobs = fwd.loss_fn_outputs[0]["logprobs"].to_numpy()
+    assert logprobs.shape == (len(TOKENS) - 1,) and (logprobs < 0).all()
+    fb = tc.forward_backward([datum()], "cross_entropy").result()
+    np.testing.assert_allclose(fb.loss_fn_outputs[0]["logprobs"].to_numpy(), logprobs, rtol=1e-5)
+    assert fb.metrics["loss:sum"] == pytest.approx(-logprobs.sum(), rel=1e-4)
+    first = fb.metrics["loss:sum"]
+    for step in range(1, 4):
+        out = tc.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+        assert out.metrics["step:max"] == step
+        loss = tc.forward_backward([datum()], "cross_entropy").result().metrics["loss:sum"]
+    assert loss < first  # AdamW steps on the adapter lower the loss of the trained example
+    tc.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+    trained = tc.forward([datum()], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
+
+    state = tc.save_state("ck1").result().path
+    assert state == f"tinker://{info.model_id}/weights/ck1"
+    resumed = sc.create_training_client_from_state_with_optimizer(state).result()
+    assert resumed.get_info().is_lora
+    again = resumed.forward([datum()], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
+    np.testing.assert_allclose(again, trained, rtol=1e-5)
+    tc.forward_backward([datum()], "cross_entropy").result()
+    tc.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+    tc.load_state(state).result()  # back to the saved weights
+    back = tc.forward([datum()], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].to_numpy()
+    np.testing.assert_allclose(back, trained, rtol=1e-5)
+
+    path = tc.save_weights_for_sampler("s1").result().path
+    params = types.SamplingParams(max_tokens=3, temperature=1.0, seed=3)
+    for sampler in (
+        sc.create_sampling_client(model_path=path),
+        tc.save_weights_and_get_sampling_client(),
+        sc.create_sampling_client(base_model="tiny"),
+    ):
+        res = sampler.sample(types.ModelInput.from_ints(TOKENS[:3]), 2, params).result()
+        assert len(res.sequences) == 2
+        for seq in res.sequences:
+            assert 1 <= len(seq.tokens) <= 3 and len(seq.logprobs) == len(seq.tokens)
+            assert all(lp <= 0 for lp in seq.logprobs)
+
+    for loss, extra in (
+        ("importance_sampling", {}),
+        ("ppo", {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}),
+    ):
+        d = datum()
+        n = len(TOKENS) - 1
+        d.loss_fn_inputs.pop("weights")
+        d.loss_fn_inputs["logprobs"] = types.TensorData.from_numpy(trained.astype(np.float32))
+        d.loss_fn_inputs["advantages"] = types.TensorData.from_numpy(np.full(n, 0.5, dtype=np.float32))
+        out = tc.forward_backward([d], loss, loss_fn_config=extra or None).result()
+        # at ratio 1 both losses are -sum(A): the sampler's log-probs are the current ones
+        assert out.metrics["loss:sum"] == pytest.approx(-0.5 * n, rel=1e-4)
+
+
+def test_errors_reach_the_sdk_clearly(tinker_url: str) -> None:
+    with pytest.raises(tinker.AuthenticationError, match="invalid API key"):
+        service(tinker_url, "tml-wrong").get_server_capabilities()
+    sc = service(tinker_url)
+    with pytest.raises(tinker.RequestFailedError, match="base_model 'no-such-model' is neither"):
+        sc.create_lora_training_client(base_model="no-such-model", rank=4).result()
+    tc = sc.create_lora_training_client(base_model="tiny", rank=4).result()
+    with pytest.raises(tinker.RequestFailedError, match=r"loss_fn 'cispo' is not supported.*cross_entropy"):
+        tc.forward_backward([datum()], "cispo").result()
+    short = datum(weights=[1.0, 1.0])
+    with pytest.raises(tinker.RequestFailedError, match=r"\['weights'\] has 2 values for 5 input tokens"):
+        tc.forward_backward([short], "cross_entropy").result()
+    bare = datum()
+    with pytest.raises(tinker.RequestFailedError, match=r"needs loss_fn_inputs \['logprobs', 'advantages'\]"):
+        tc.forward_backward([bare], "ppo").result()
+    with pytest.raises(tinker.RequestFailedError, match="no checkpoint at tinker://nope/weights/x"):
+        tc.load_state("tinker://nope/weights/x").result()
+    # a future the server never made (or has expired): 404 with the reason
+    r = httpx.post(
+        f"{tinker_url}/api/v1/retrieve_future",
+        json={"request_id": "req-999999"},
+        headers={"X-API-Key": API_KEY},
+    )
+    assert r.status_code == 404 and "unknown or expired future" in r.json()["detail"]
+    # a route we do not serve: the SDK raises with our message, not a 500
+    with pytest.raises(tinker.NotFoundError, match="not supported by rft serve tinker"):
+        sc.create_rest_client().list_checkpoints("model-x").result()
+
+
+def test_sdk_only_rl_loop_raises_the_quickstart_reward(tinker_url: str) -> None:
+    sc = service(tinker_url)
+    out = sft_then_rl(
+        sc, load_tokenizer(tiny_model()), base_model="tiny-full", sft_steps=30, rl_steps=30, lr=1e-3
+    )
+    print(out)
+    assert out["gain"] >= 0.3, out

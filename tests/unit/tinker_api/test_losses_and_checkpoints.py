@@ -1,0 +1,66 @@
+"""`rft serve tinker` without HTTP: Tinker's loss formulas on our losses, and checkpoints that load as
+HF model folders with the trained weights (LoRA merged) and resume the optimizer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from services.common.modeling import load_model
+from tests.support.rft_run import tiny_model
+from tinker_api import losses
+from tinker_api.training import TrainingModel
+from tinker_api.wire import Datum, FwdBwd
+
+
+def _inputs(bs: int = 3, t: int = 5) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    lp = -torch.rand(bs, t, generator=g) * 3
+    inputs = {
+        "weights": torch.rand(bs, t, generator=g),
+        "logprobs": lp + (torch.rand(bs, t, generator=g) - 0.5),
+        "advantages": torch.randn(bs, t, generator=g),
+    }
+    mask = torch.ones(bs, t)
+    mask[0, 3:] = 0  # a shorter row: its padding must not count
+    return lp, {k: v * mask for k, v in inputs.items()}, mask
+
+
+def test_losses_are_tinkers_formulas_summed_over_tokens() -> None:
+    lp, inp, mask = _inputs()
+    ce, metrics = losses.compute("cross_entropy", {}, lp, inp, mask)
+    assert ce.item() == pytest.approx((-inp["weights"] * lp * mask).sum().item(), rel=1e-5)
+    assert metrics["loss:sum"] == pytest.approx(ce.item())
+    ratio = torch.exp(lp - inp["logprobs"])
+    is_loss, _ = losses.compute("importance_sampling", {}, lp, inp, mask)
+    assert is_loss.item() == pytest.approx((-inp["advantages"] * ratio * mask).sum().item(), rel=1e-5)
+    a = inp["advantages"]
+    clipped = torch.minimum(a * ratio, a * ratio.clamp(0.9, 1.3))
+    ppo, _ = losses.compute("ppo", {"clip_low_threshold": 0.9, "clip_high_threshold": 1.3}, lp, inp, mask)
+    assert ppo.item() == pytest.approx((-clipped * mask).sum().item(), rel=1e-5)
+    with pytest.raises(losses.LossError, match="'dro' is not supported"):
+        losses.check("dro", {})
+    with pytest.raises(losses.LossError, match=r"unknown keys \['beta'\]"):
+        losses.check("ppo", {"beta": 1.0})
+
+
+@pytest.mark.parametrize("rank", [8, None])
+def test_a_checkpoint_is_an_hf_folder_and_resumes(tmp_path, rank) -> None:
+    model = TrainingModel("m", "tiny", str(tiny_model()), rank)
+    tokens = [5, 6, 7, 8, 9]
+    data = [Datum(tokens[:-1], {"target_tokens": np.array(tokens[1:]), "weights": np.ones(4, np.float32)})]
+    model.forward_backward(FwdBwd("m", "cross_entropy", {}, False, data))
+    model.optim_step({"learning_rate": 1e-2})
+    model.save(tmp_path / "ck", with_optimizer=True)
+    ids = torch.tensor([tokens])
+    with torch.no_grad():
+        want = model.model(input_ids=ids).logits
+        got = load_model(tmp_path / "ck")(input_ids=ids).logits
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert TrainingModel.describe(tmp_path / "ck") == ("tiny", rank)
+    resumed = TrainingModel("r", "tiny", str(tiny_model()), rank)
+    resumed.load(tmp_path / "ck", with_optimizer=True)
+    assert resumed.step == 1 and resumed.optimizer is not None
+    for a, b in zip(model.optimizer.state.values(), resumed.optimizer.state.values(), strict=True):
+        torch.testing.assert_close(a["exp_avg"], b["exp_avg"])

@@ -1,0 +1,194 @@
+"""The HTTP routes under /api/v1 that the `tinker` SDK calls, as a FastAPI app.
+
+Sessions, models and sampling sessions live in this process. Work that touches a model
+(create_model, forward_backward, optim_step, save/load weights, asample) is queued as a real
+future (futures.py); its failure reaches the SDK as a `RequestFailedError` carrying our message.
+Unknown routes answer 404 naming the route and what is supported; a wrong API key answers 401.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from . import wire
+from .futures import UnknownFuture
+from .server import TinkerServer, UserError
+
+SUPPORTED = (
+    "create_session session_heartbeat create_model get_info get_server_capabilities forward_backward "
+    "optim_step save_weights save_weights_for_sampler load_weights create_sampling_session asample "
+    "retrieve_future healthz"
+)
+PROTO = "application/x-protobuf"
+
+
+def _err(status: int, msg: str) -> JSONResponse:
+    return JSONResponse({"detail": msg, "error": msg}, status_code=status)
+
+
+def build_app(server: TinkerServer, poll_s: float = 20.0) -> FastAPI:
+    app = FastAPI(title="rft serve tinker")
+    api = "/api/v1"
+
+    @app.middleware("http")
+    async def auth(request: Request, call_next):  # noqa: ANN001, ANN202
+        key = request.headers.get("x-api-key")
+        if server.api_key and request.url.path != f"{api}/healthz" and key != server.api_key:
+            return _err(
+                401, "invalid API key: set TINKER_API_KEY to the key `rft serve tinker` was started with"
+            )
+        return await call_next(request)
+
+    def queue(fn, model_id: str | None = None) -> dict[str, Any]:  # noqa: ANN001
+        return {"request_id": server.futures.submit(fn), "model_id": model_id}
+
+    @app.get(f"{api}/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.post(f"{api}/client/config")
+    async def client_config() -> dict[str, Any]:
+        return {"pjwt_auth_enabled": False, "use_pyqwest_transport": False, "proto_compress_fwdbwd": False}
+
+    @app.post(f"{api}/client/dynamic_config")
+    async def dynamic_config() -> dict[str, Any]:
+        return {"refresh_interval_sec": 300}
+
+    @app.post(f"{api}/telemetry")
+    async def telemetry() -> dict[str, str]:
+        return {"status": "accepted"}
+
+    @app.get(f"{api}/get_server_capabilities")
+    async def capabilities() -> dict[str, Any]:
+        names = list(server.base_models)
+        return {"supported_models": [{"model_name": n, "trainable": True, "sampleable": True} for n in names]}
+
+    @app.post(f"{api}/create_session")
+    async def create_session() -> dict[str, Any]:
+        sid = f"session-{uuid.uuid4().hex[:12]}"
+        server.sessions[sid] = 0
+        return {"type": "create_session", "session_id": sid}
+
+    @app.post(f"{api}/session_heartbeat")
+    async def heartbeat(request: Request) -> Response:
+        sid = (await request.json()).get("session_id")
+        if sid not in server.sessions:
+            return _err(404, f"unknown session {sid!r} (the server restarted?); create a new ServiceClient")
+        server.sessions[sid] += 1
+        return JSONResponse({"type": "session_heartbeat"})
+
+    @app.post(f"{api}/create_model")
+    async def create_model(request: Request) -> dict[str, Any]:
+        body = await request.json()
+        return queue(lambda: server.create_model(body))
+
+    @app.post(f"{api}/get_info")
+    async def get_info(request: Request) -> Response:
+        body = await request.json()
+        model = server.models.get(body.get("model_id"))
+        if model is None:
+            return _err(404, f"unknown model_id {body.get('model_id')!r}")
+        return JSONResponse(
+            {
+                "type": "get_info",
+                "model_id": model.model_id,
+                "model_name": model.base_model,
+                "is_lora": bool(model.lora_rank),
+                "lora_rank": model.lora_rank,
+                "model_data": {
+                    "arch": type(model.model).__name__,
+                    "model_name": model.base_model,
+                    "tokenizer_id": model.folder,
+                },
+            }
+        )
+
+    @app.post(f"{api}/forward_backward")
+    async def forward_backward(request: Request) -> Response:
+        try:
+            req = wire.parse_forward_backward(await request.body())
+        except wire.WireError as exc:
+            return _err(422, str(exc))
+
+        def work() -> bytes:
+            outputs, metrics = server.model(req.model_id).forward_backward(req)
+            return wire.forward_backward_output(outputs, metrics)
+
+        return JSONResponse(queue(work, req.model_id))
+
+    @app.post(f"{api}/optim_step")
+    async def optim_step(request: Request) -> dict[str, Any]:
+        body = await request.json()
+        params = body.get("adam_params") or body.get("optim_params") or {}
+        return queue(lambda: {"metrics": server.model(body["model_id"]).optim_step(params)}, body["model_id"])
+
+    @app.post(f"{api}/save_weights")
+    async def save_weights(request: Request) -> dict[str, Any]:
+        body = await request.json()
+        return queue(lambda: server.save(body, "weights"), body["model_id"])
+
+    @app.post(f"{api}/save_weights_for_sampler")
+    async def save_for_sampler(request: Request) -> dict[str, Any]:
+        body = await request.json()
+        return queue(lambda: server.save(body, "sampler_weights"), body["model_id"])
+
+    @app.post(f"{api}/load_weights")
+    async def load_weights(request: Request) -> dict[str, Any]:
+        body = await request.json()
+        return queue(lambda: server.load(body), body.get("model_id"))
+
+    @app.post(f"{api}/create_sampling_session")
+    async def create_sampling_session(request: Request) -> Response:
+        body = await request.json()
+        try:
+            sid = server.open_sampling(body.get("base_model"), body.get("model_path"))
+        except UserError as exc:
+            return _err(400, str(exc))
+        return JSONResponse({"type": "create_sampling_session", "sampling_session_id": sid})
+
+    @app.get(f"{api}/samplers/{{sid}}")
+    async def sampler(sid: str) -> Response:
+        info = server.sampler_info.get(sid)
+        return JSONResponse(info) if info else _err(404, f"unknown sampler {sid!r}")
+
+    @app.post(f"{api}/asample")
+    async def asample(request: Request) -> dict[str, Any]:
+        body = await request.json()
+        out = queue(lambda: server.sample(body))
+        out["sample_sequence_ids"] = [
+            f"{out['request_id']}-{i}" for i in range(int(body.get("num_samples", 1)))
+        ]
+        return out
+
+    @app.post(f"{api}/retrieve_future")
+    async def retrieve_future(request: Request) -> Response:
+        rid = (await request.json()).get("request_id")
+        try:
+            fut = await asyncio.to_thread(server.futures.wait, rid, poll_s)
+        except UnknownFuture:
+            return _err(
+                404, f"unknown or expired future {rid!r}: results are kept {server.futures.keep_s:.0f} s"
+            )
+        if fut is None:
+            return JSONResponse({"type": "try_again", "request_id": rid, "queue_state": "active"})
+        exc = fut.exception()
+        if exc is not None:
+            user = isinstance(exc, (UserError, ValueError, KeyError))
+            return JSONResponse(
+                {"error": f"{type(exc).__name__}: {exc}", "category": "user" if user else "server"}
+            )
+        result = fut.result()
+        if isinstance(result, bytes):
+            return Response(result, media_type=PROTO)
+        return JSONResponse(result)
+
+    @app.api_route(f"{api}/{{rest:path}}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
+    async def unsupported(rest: str) -> Response:
+        return _err(404, f"route /api/v1/{rest} is not supported by rft serve tinker; supported: {SUPPORTED}")
+
+    return app
