@@ -58,7 +58,9 @@ class TrainerServicer(trainer_pb2_grpc.TrainerServiceServicer):
         return trainer_pb2.TeardownWeightSyncGroupResponse()
 
     async def SyncWeights(self, request, context):
-        result = await _call(context, lambda: self.weight_sync.sync(request.method))
+        result = await _call(
+            context, lambda: self.weight_sync.sync(self.weight_sync.requested(request.method))
+        )
         return trainer_pb2.SyncWeightsResponse(
             version=common_pb2.ModelVersion(
                 version=result.version, step=result.step, checkpoint_path=result.checkpoint_path

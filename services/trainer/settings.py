@@ -263,6 +263,13 @@ class TrainerSettings:
         )
 
 
+def requested_sync_method(name: str) -> SyncMethod:
+    """The method a SyncWeights request names (a registered name or alias; an unknown one raises
+    `UnknownNameError` listing the known ones): with `from_config`, the trainer's one look-up of a
+    method by name (the request's wire string)."""
+    return sync_method(name)
+
+
 def _preset(alg: Any, extra: dict[str, Any]) -> AlgorithmPreset:
     """The algorithm's preset with the config's explicit choices (and veRL's kl_ctrl keys) on top."""
     overrides = {

@@ -38,17 +38,18 @@ from rft.v1 import common_pb2
 
 from services.common.registry import UnknownNameError
 from services.trainer.core import InvalidRequest, PreconditionError, TrainerCore, TrainerState
+from services.trainer.settings import requested_sync_method
 from services.trainer.weight_gather import FULL, FULL_ON_DEVICE
 from services.weight_sync import (
     GroupInfo,
     TensorSpec,
     TransportOptions,
     WeightSyncError,
-    make_transport,
     specs_of,
     weights_digest,
 )
-from services.weight_sync.method import PushFn, Sender, SyncMethod, sync_method
+from services.weight_sync.method import PushFn, Sender, SyncMethod
+from services.weight_sync.transport import NcclTransport
 from services.weight_sync.wire.group import resolve_backend
 
 __all__ = ["Snapshot", "SyncResult", "WeightSync", "broadcasts_on_device"]
@@ -90,17 +91,18 @@ class WeightSync:
         self,
         core: TrainerCore,
         *,
-        method: SyncMethod | str = "nccl",
+        method: SyncMethod | None = None,
         options: TransportOptions | None = None,
         push: PushFn | None = None,
         digest: bool = False,
     ):
         self.core = core
         self.digest = digest
-        self.method = sync_method(method)  # the run's method (TrainerSettings.sync_method)
+        # the run's method, typed once in its settings record (TrainerSettings.sync_method)
+        self.method = method if method is not None else core.settings.sync_method
         self.options = options or TransportOptions(checkpoint_dir=str(core.settings.job_dir / "state_dicts"))
         self.push = push
-        self.nccl = make_transport("nccl", self.options)
+        self.nccl = NcclTransport(self.options)  # the broadcast group's, whatever the run's method
         self.generation = 0
         self.offered: GroupInfo | None = None
         self.joined: GroupInfo | None = None
@@ -116,13 +118,13 @@ class WeightSync:
         async with self.core._lock:
             return dict(await asyncio.to_thread(lambda: dict(self.core.engine.iter_state_dict())))
 
-    async def snapshot(self, method: str = "") -> Snapshot:
+    async def snapshot(self, method: SyncMethod | None = None) -> Snapshot:
         """The current weights (what `method` sends: the whole policy or a LoRA adapter) with their
         version and step, gathered under the core's lock (a step in flight finishes first), for a
         `sync` that may run while the next step trains. In the training compute dtype; a broadcast
         method's full policy stays on the training device (no host copy), the others get one host
         copy (`weight_gather`)."""
-        m = sync_method(method or self.method)
+        m = method if method is not None else self.method
         kind = m.state_kind
         if m.broadcast and kind == FULL and self._broadcasts_on_device():
             kind = FULL_ON_DEVICE
@@ -192,11 +194,17 @@ class WeightSync:
         await asyncio.to_thread(self.nccl.finalize)
         self.joined = None
 
-    async def sync(self, method: str = "", snapshot: Snapshot | None = None) -> SyncResult:
+    def requested(self, name: str) -> SyncMethod:
+        """The method a SyncWeights request names, the run's when it names none."""
+        if not name:
+            return self.method
         try:
-            m = sync_method(method or self.method)
+            return requested_sync_method(name)
         except (UnknownNameError, ImportError, TypeError) as exc:
             raise InvalidRequest("method", str(exc)) from exc
+
+    async def sync(self, method: SyncMethod | None = None, snapshot: Snapshot | None = None) -> SyncResult:
+        m = method if method is not None else self.method
         self._ready()
         sender = Sender(self.options, self.nccl if self.joined is not None else None, self.push)
         try:
@@ -205,7 +213,7 @@ class WeightSync:
             raise PreconditionError(str(exc)) from exc
         start = time.perf_counter()
         try:
-            snap = snapshot or await self.snapshot(m.name)
+            snap = snapshot or await self.snapshot(m)
         except ValueError as exc:  # e.g. an adapter-only method on a policy without LoRA
             raise PreconditionError(str(exc)) from exc
         state, version, step = snap.state, snap.version, snap.step

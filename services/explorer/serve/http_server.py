@@ -30,7 +30,7 @@ from services.common.log import get_logger
 from services.weight_sync import GroupBrokenError, StaleGenerationError
 from services.weight_sync.member.away import Backoff, is_away, synchronizer_away
 from services.weight_sync.member.client import SyncClient
-from services.weight_sync.method import SyncMethod, sync_method
+from services.weight_sync.method import SyncMethod
 
 log = get_logger("explorer.serve")
 
@@ -84,10 +84,10 @@ class HttpServer:
 
 async def follow_weights(
     client: SyncClient, fetch: Callable[[synchronizer_pb2.WaitForVersionResponse], Awaitable[int]],
-    window_s: float, method: SyncMethod | None = None,
+    window_s: float, method: SyncMethod,
 ) -> None:  # fmt: skip
     """Load every newer published version until the run finishes (module docstring). `method`: the
-    run's (ExplorerSettings.sync_method); without it, the one each answer names."""
+    run's, typed once in its settings record (ExplorerSettings.sync_method)."""
     held, backoff = client.model_version, Backoff()
     while True:
         try:
@@ -102,7 +102,7 @@ async def follow_weights(
         if answer.timed_out:
             continue
         offered = int(answer.model_version.version)
-        if not (method or sync_method(answer.sync_method)).wants(answer, held):
+        if not method.wants(answer, held):
             continue
         try:
             loaded = await fetch(answer)

@@ -194,9 +194,6 @@ def test_the_rule_catches_a_branch():
 # the typed `SyncMethod` (no re-resolution, no look-up of a wire string, no literal method name).
 SETTINGS_RECORDS = {f"services/{s}/settings.py" for s in ("trainer", "explorer", "synchronizer")}
 RESOLVERS = {"sync_method", "make_transport"}
-# left for after the explorer's and trainer's function splits: three re-wraps of the typed method and
-# make_transport("nccl") in the trainer's sender, one look-up of the answer's wire string in serve mode
-NOT_YET = {"services/trainer/weight_sync.py": 4, "services/explorer/serve/server.py": 1}
 
 
 def _resolutions(tree: ast.AST) -> list[ast.Call]:
@@ -222,7 +219,7 @@ def test_the_method_is_resolved_only_in_the_settings_records():
         calls = _resolutions(ast.parse(path.read_text(), rel))
         if calls:
             found[rel] = len(calls)
-    assert found == NOT_YET, "resolve the sync method once, in the settings record, and pass it on typed"
+    assert found == {}, "resolve the sync method once, in the settings record, and pass it on typed"
 
 
 def test_the_resolution_rule_catches_a_look_up():
