@@ -175,8 +175,11 @@ async def attach_synchronizer(
     method = core.settings.sync_method  # resolved once from the config (ExplorerSettings)
     rollout = config.explorer.rollout_model
     model_path = str(rollout.model_path or config.model.model_path)  # the engines' base weights
-    # the method's fetch; through a weight relay served beside this explorer with synchronizer.fanout > 0
-    fetch = await explorer_fetch(config, method, client, Receiver(core.load_weights, receiver, model_path))
+    # the method's fetch; through a weight relay served beside this explorer when it has a tree fan-out
+    fetch = await explorer_fetch(
+        config, method, client, Receiver(core.load_weights, receiver, model_path),
+        fanout=core.settings.relay_fanout,
+    )  # fmt: skip
     inflight = config.explorer.inflight_weight_update and config.mode != "serve"
     if inflight:  # the gate and the in-flight follower share one fetch (inflight.py)
         fetch = serialised(fetch, lambda: core.model_version)

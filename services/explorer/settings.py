@@ -56,11 +56,15 @@ class ExplorerSettings:
     sync_method: SyncMethod = field(default_factory=lambda: sync_method("nccl"))
     # synchronizer.sync_style/interval/offset (services/common/config/sync_plan.py)
     sync_plan: SyncPlan = SyncPlan()
+    # synchronizer.fanout as the method uses it (`SyncMethod.tree_fanout`): > 0, this explorer serves
+    # a weight relay in a tree of that fan-out; 0, it pulls from the synchronizer (star)
+    relay_fanout: int = 0
 
     @classmethod
     def from_config(cls, config: RFTConfig) -> ExplorerSettings:
         res = resolve(config)
         ex = config.explorer
+        method = sync_method(config.synchronizer.sync_method, config.synchronizer.wire_dtype)
         return cls(
             mode=config.mode,
             job_dir=res.job_dir,
@@ -85,6 +89,7 @@ class ExplorerSettings:
             weight_digest=config.synchronizer.weight_digest,
             sync_timeout=config.synchronizer.sync_timeout,
             resolved=res,
-            sync_method=sync_method(config.synchronizer.sync_method, config.synchronizer.wire_dtype),
+            sync_method=method,
             sync_plan=res.sync_plan,
+            relay_fanout=method.tree_fanout(config.synchronizer.fanout),
         )

@@ -60,7 +60,7 @@ class SynchronizerServicer(synchronizer_pb2_grpc.SynchronizerServiceServicer):
         self.core = core
         self.on_shutdown = on_shutdown
         s = core.settings  # the fan-out tree of a pushed method (weight_tree.py); fanout 0: star
-        self.tree = WeightTree(s.fanout if s.method.pushed else 0)
+        self.tree = WeightTree(s.tree_fanout)
 
     async def Register(self, request, context):
         m = request.member

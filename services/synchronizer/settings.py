@@ -26,6 +26,11 @@ class SynchronizerSettings:
     backend: str = "auto"
     fanout: int = 0  # pushed methods: 0 = star; k = explorers relay versions down a k-ary tree
 
+    @property
+    def tree_fanout(self) -> int:
+        """The relay tree's fan-out: `fanout` for a pushed method, else 0 (star; `SyncMethod.tree_fanout`)."""
+        return self.method.tree_fanout(self.fanout)
+
     @classmethod
     def from_config(cls, config: RFTConfig) -> SynchronizerSettings:
         s = config.synchronizer

@@ -107,6 +107,13 @@ class SyncMethod:
     # the `WeightTransport` class under this method (transport.py; None: a plug-in without one)
     transport: type[WeightTransport] | None = None
 
+    def tree_fanout(self, fanout: int) -> int:
+        """The fan-out of the relay tree this method's versions travel down with `synchronizer.fanout:
+        fanout`: `fanout` for a pushed method with fanout > 0 (explorers pull, so they can relay to one
+        another), else 0 (star: every member on the synchronizer). The one place this is decided; the
+        synchronizer's and the explorer's settings records hold the answer."""
+        return fanout if self.pushed and fanout > 0 else 0
+
     def make_transport(self, options: TransportOptions | None = None) -> WeightTransport:
         """This method's transport, built with `options`."""
         if self.transport is None:

@@ -94,11 +94,14 @@ def relay_fetch(method: SyncMethod, client: Any, receiver: Receiver, node: Relay
     return RelayFetch(node, puller, method.fetch(puller, receiver))
 
 
-async def explorer_fetch(config: RFTConfig, method: SyncMethod, client: Any, receiver: Receiver) -> Fetch:
+async def explorer_fetch(
+    config: RFTConfig, method: SyncMethod, client: Any, receiver: Receiver, *, fanout: int
+) -> Fetch:
     """The explorer's fetch: `method.fetch(client, receiver)`, through a relay served beside the
-    explorer when the method is pushed and `synchronizer.fanout` > 0 (`client.relay`, registered with
-    the synchronizer and closed with the client)."""
-    if not (method.pushed and config.synchronizer.fanout > 0):
+    explorer when `fanout` > 0 (the run's tree fan-out as its settings record holds it,
+    `SyncMethod.tree_fanout`: a pushed method and `synchronizer.fanout` > 0; `client.relay`,
+    registered with the synchronizer and closed with the client)."""
+    if fanout <= 0:
         return method.fetch(client, receiver)
     svc, me = config.services, config.services.explorer
     client.relay = await serve_relay(
@@ -107,5 +110,5 @@ async def explorer_fetch(config: RFTConfig, method: SyncMethod, client: Any, rec
         auth_token=svc.auth_token, tls=svc.tls, timeout_s=svc.rpc_timeout,
         sync_timeout_s=config.synchronizer.sync_timeout,
     )  # fmt: skip
-    log.info("weight relay serving", address=client.relay.address, fanout=config.synchronizer.fanout)
+    log.info("weight relay serving", address=client.relay.address, fanout=fanout)
     return relay_fetch(method, client, receiver, client.relay.node)

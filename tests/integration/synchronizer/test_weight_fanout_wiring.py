@@ -65,16 +65,15 @@ async def test_fanout_zero_answers_no_chain_and_explorer_fetch_serves_a_relay_on
     async def load(named, version):
         return None
 
-    def config(fanout: int) -> SimpleNamespace:
+    def config() -> SimpleNamespace:
         services = SimpleNamespace(explorer=Endpoint(), auth_token=None, tls=None, rpc_timeout=10.0)
-        return SimpleNamespace(
-            services=services, synchronizer=SimpleNamespace(fanout=fanout, sync_timeout=20.0)
-        )
+        return SimpleNamespace(services=services, synchronizer=SimpleNamespace(sync_timeout=20.0))
 
-    memory = sync_method("memory")
-    plain = await explorer_fetch(config(0), memory, explorer, Receiver(load))
+    memory, files = sync_method("memory"), sync_method("checkpoint")
+    assert (memory.tree_fanout(0), memory.tree_fanout(2), files.tree_fanout(2)) == (0, 2, 0)
+    plain = await explorer_fetch(config(), memory, explorer, Receiver(load), fanout=memory.tree_fanout(0))
     assert not isinstance(plain, RelayFetch) and explorer.relay is None
-    served = await explorer_fetch(config(2), memory, explorer, Receiver(load))
+    served = await explorer_fetch(config(), memory, explorer, Receiver(load), fanout=memory.tree_fanout(2))
     assert isinstance(served, RelayFetch) and explorer.relay.address.startswith("127.0.0.1:")
-    files = await explorer_fetch(config(2), sync_method("checkpoint"), explorer, Receiver(load))
-    assert not isinstance(files, RelayFetch)  # not a pushed method: no relay
+    by_file = await explorer_fetch(config(), files, explorer, Receiver(load), fanout=files.tree_fanout(2))
+    assert not isinstance(by_file, RelayFetch)  # not a pushed method: no relay

@@ -108,6 +108,17 @@ def test_aliases_normalised():
     assert config.synchronizer.sync_style == "explorer_driven"
     settings = SynchronizerSettings.from_config(config)
     assert settings.method.name == "nccl" and settings.plan.style == "explorer_driven"
+    assert settings.tree_fanout == 0  # the fan-out tree is for pushed methods only
+
+
+def test_the_tree_fanout_is_decided_once_for_both_settings_records():
+    from services.explorer.settings import ExplorerSettings
+    from services.synchronizer.settings import SynchronizerSettings
+
+    for method, fanout, tree in (("memory", 2, 2), ("memory", 0, 0), ("nccl", 2, 0), ("checkpoint", 3, 0)):
+        config = load_config(text=f"synchronizer: {{sync_method: {method}, fanout: {fanout}}}\n")
+        assert SynchronizerSettings.from_config(config).tree_fanout == tree, (method, fanout)
+        assert ExplorerSettings.from_config(config).relay_fanout == tree, (method, fanout)
 
 
 def test_env_interpolation_and_missing_variable():
