@@ -158,10 +158,8 @@ class NcclTransport:
             self.group = None
 
 
-class MemoryTransport:
-    """Safetensors chunks in memory; the synchronizer streams them over gRPC."""
-
-    name = "memory"
+class _GrouplessTransport:
+    """What the memory and checkpoint transports share: no group to prepare, build or finalize."""
 
     def __init__(self, options: TransportOptions):
         self.options = options
@@ -172,10 +170,25 @@ class MemoryTransport:
     def build_group(self, info: GroupInfo | None, rank: int) -> None:
         return None
 
+    def finalize(self) -> None:
+        return None
+
+
+def _state_dict(named_tensors: NamedTensors) -> Mapping[str, torch.Tensor]:
+    return named_tensors if isinstance(named_tensors, Mapping) else dict(named_tensors)
+
+
+class MemoryTransport(_GrouplessTransport):
+    """Safetensors chunks in memory; the synchronizer streams them over gRPC."""
+
+    name = "memory"
+
     def send(self, version: int, named_tensors: NamedTensors, step: int | None = None) -> Delivery:
-        sd = named_tensors if isinstance(named_tensors, Mapping) else dict(named_tensors)
         chunks = state_dict_to_chunks(
-            sd, version, step=_step(version, step), chunk_bytes=self.options.chunk_bytes
+            _state_dict(named_tensors),
+            version,
+            step=_step(version, step),
+            chunk_bytes=self.options.chunk_bytes,
         )
         return Delivery(version, _step(version, step), chunks=tuple(chunks))
 
@@ -185,11 +198,8 @@ class MemoryTransport:
             raise WeightSyncError(f"chunks carry version {mv.version}, the delivery says {delivery.version}")
         return iter(sd.items())
 
-    def finalize(self) -> None:
-        return None
 
-
-class CheckpointTransport:
+class CheckpointTransport(_GrouplessTransport):
     """Safetensors files under `checkpoint_dir`, published atomically (wire/files.py)."""
 
     name = "checkpoint"
@@ -197,18 +207,11 @@ class CheckpointTransport:
     def __init__(self, options: TransportOptions):
         if not options.checkpoint_dir:
             raise WeightSyncError("the checkpoint method needs TransportOptions.checkpoint_dir")
-        self.options = options
+        super().__init__(options)
         self.store = CheckpointStore(options.checkpoint_dir, keep=options.keep)
 
-    def prepare(self, specs: Sequence[TensorSpec], world_size: int = 2, generation: int = 0) -> None:
-        return None
-
-    def build_group(self, info: GroupInfo | None, rank: int) -> None:
-        return None
-
     def send(self, version: int, named_tensors: NamedTensors, step: int | None = None) -> Delivery:
-        sd = named_tensors if isinstance(named_tensors, Mapping) else dict(named_tensors)
-        path = self.store.save(version, sd, delta=self.options.delta)
+        path = self.store.save(version, _state_dict(named_tensors), delta=self.options.delta)
         return Delivery(version, _step(version, step), path=str(path))
 
     def receive(self, delivery: Delivery) -> Iterator[tuple[str, torch.Tensor]]:
@@ -216,6 +219,3 @@ class CheckpointTransport:
             return iter(read_state_dict(delivery.path, self.options.device).items())
         _, sd = self.store.load(delivery.version, self.options.device)
         return iter(sd.items())
-
-    def finalize(self) -> None:
-        return None

@@ -7,10 +7,11 @@ so garbage from an unauthenticated client gets UNAUTHENTICATED, never a parse er
 from __future__ import annotations
 
 import hmac
-from collections.abc import Callable
 from typing import Any
 
 import grpc
+
+from services.common.rpc.intercept import HandlerInterceptor
 
 OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
 AUTH_HEADER = "authorization"
@@ -42,7 +43,7 @@ def _rejecting_handler(handler: grpc.RpcMethodHandler, message: str) -> grpc.Rpc
     return grpc.unary_unary_rpc_method_handler(abort, **kwargs)
 
 
-class BearerTokenServerInterceptor(grpc.aio.ServerInterceptor):
+class BearerTokenServerInterceptor(HandlerInterceptor):
     """Refuses every RPC (except health checks) whose `authorization` metadata is not `Bearer <token>`."""
 
     def __init__(self, token: str):
@@ -50,15 +51,8 @@ class BearerTokenServerInterceptor(grpc.aio.ServerInterceptor):
             raise ValueError("auth token must not be empty")
         self._token = token
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Any],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None or handler_call_details.method.startswith(OPEN_PREFIXES):
-            return handler
-        if _token_ok(handler_call_details.invocation_metadata, self._token):
+    def wrap(self, handler: grpc.RpcMethodHandler, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        if details.method.startswith(OPEN_PREFIXES) or _token_ok(details.invocation_metadata, self._token):
             return handler
         return _rejecting_handler(handler, "missing or wrong bearer token in 'authorization' metadata")
 

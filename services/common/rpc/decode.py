@@ -26,6 +26,7 @@ from google.protobuf import descriptor_pool
 from google.protobuf.message import Message
 
 from services.common.rpc.bounds import message_problem
+from services.common.rpc.intercept import HandlerInterceptor
 
 MAX_REASON_CHARS = 200
 
@@ -154,7 +155,7 @@ def checked_handler(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMeth
     )
 
 
-class DecodeErrorInterceptor(grpc.aio.ServerInterceptor):
+class DecodeErrorInterceptor(HandlerInterceptor):
     """Answers undecodable request bytes with INVALID_ARGUMENT naming the request type, and a request over
     a bound with INVALID_ARGUMENT naming the field."""
 
@@ -162,15 +163,8 @@ class DecodeErrorInterceptor(grpc.aio.ServerInterceptor):
         # method -> (the handler as found, its checked version): handlers are the same objects call after call
         self._cache: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Any],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return handler
-        method = handler_call_details.method
+    def wrap(self, handler: grpc.RpcMethodHandler, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        method = details.method
         cached = self._cache.get(method)
         if cached is None or cached[0] is not handler:
             cached = self._cache[method] = (handler, checked_handler(handler, method))
