@@ -14,14 +14,13 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from services.buffer.records import (
+    AdmittingStore,
     GroupRecord,
     LeaseOutcome,
     LeaseRequest,
     OpenOutcome,
-    PutOutcome,
     StoreStats,
     add_versions,
-    admit,
     check_epoch,
     lease_epoch_error,
     lease_gone_error,
@@ -59,7 +58,7 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class InProcessStore:
+class InProcessStore(AdmittingStore):
     """A `Store` in this process's memory; lost when the process ends."""
 
     name = "memory"
@@ -87,29 +86,13 @@ class InProcessStore:
     async def close(self) -> None:
         return None
 
-    async def put(
-        self, groups: Sequence[GroupRecord], *, producer: str = "", sequence: int = 0
-    ) -> PutOutcome:
-        total = admit(
-            groups,
-            size=self._size,
-            capacity=self.capacity,
-            producers=self._producers,
-            producer=producer,
-            sequence=sequence,
-        )
-        if total is None:
-            return PutOutcome(stored=0, duplicate=True)
-        for record in groups:
-            self._entries[self._next_seq] = record
-            self._next_seq += 1
-            add_versions(self._versions, record.versions.items())
-            self.accepted_log.extend(record.uids)
-        if producer and sequence:
-            self._producers[producer] = sequence
-        self._size += total
-        self._accepted += total
-        return PutOutcome(stored=total)
+    def _keep(self, record: GroupRecord) -> None:
+        self._entries[self._next_seq] = record
+        self._next_seq += 1
+        self.accepted_log.extend(record.uids)
+
+    def _count_accepted(self, n: int) -> None:
+        self._accepted += n
 
     def _group(self, name: str, create: bool = False) -> _GroupState:
         """The consumer group's state. `start` creates the declared groups (the core refuses any other

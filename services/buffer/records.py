@@ -281,21 +281,37 @@ def add_versions(total: dict[int, int], versions: Iterable[tuple[int, int]], sig
             del total[v]
 
 
-def admit(
-    groups: Sequence[GroupRecord],
-    *,
-    size: int,
-    capacity: int,
-    producers: dict[str, int],
-    producer: str,
-    sequence: int,
-) -> int | None:
-    """Idempotency and capacity check of the in-process stores: None for a batch this producer already
-    stored (same or older sequence), else the number of experiences to add; BufferFull when they don't fit.
-    The caller records `producers[producer] = sequence` once the groups are stored."""
-    if producer and sequence and producers.get(producer, 0) >= sequence:
-        return None
-    total = sum(g.n for g in groups)
-    if size + total > capacity:
-        raise BufferFull(f"buffer full: {size} stored + {total} new > capacity {capacity} experiences")
-    return total
+class AdmittingStore:
+    """The in-process stores' `put`: idempotent per producer (a batch whose sequence this producer
+    already stored is a duplicate), all or nothing against the capacity (`BufferFull`). The store
+    keeps each record (`_keep`) and counts what it accepted (`_count_accepted`)."""
+
+    capacity: int
+    _size: int
+    _producers: dict[str, int]
+    _versions: dict[int, int]
+
+    def _keep(self, record: GroupRecord) -> None:
+        raise NotImplementedError
+
+    def _count_accepted(self, n: int) -> None:
+        raise NotImplementedError
+
+    async def put(
+        self, groups: Sequence[GroupRecord], *, producer: str = "", sequence: int = 0
+    ) -> PutOutcome:
+        if producer and sequence and self._producers.get(producer, 0) >= sequence:
+            return PutOutcome(stored=0, duplicate=True)
+        size, total = self._size, sum(g.n for g in groups)
+        if size + total > self.capacity:
+            raise BufferFull(
+                f"buffer full: {size} stored + {total} new > capacity {self.capacity} experiences"
+            )
+        for record in groups:
+            self._keep(record)
+            add_versions(self._versions, record.versions.items())
+        if producer and sequence:
+            self._producers[producer] = sequence
+        self._size += total
+        self._count_accepted(total)
+        return PutOutcome(stored=total)

@@ -21,14 +21,13 @@ from rft.v1 import buffer_pb2
 
 from services.buffer.in_process_store import ACKED_IDS_KEPT, now_ms
 from services.buffer.records import (
+    AdmittingStore,
     GroupRecord,
     LeaseOutcome,
     LeaseRequest,
     OpenOutcome,
-    PutOutcome,
     StoreStats,
     add_versions,
-    admit,
     check_epoch,
     encode_member,
     lease_epoch_error,
@@ -54,7 +53,7 @@ class _Lease:
     epoch: int = 0
 
 
-class ReplayStore:
+class ReplayStore(AdmittingStore):
     name = "memory-replay"
 
     def __init__(
@@ -98,29 +97,13 @@ class ReplayStore:
             value += self._rng.gauss(0.0, self.sigma)
         return value
 
-    async def put(
-        self, groups: Sequence[GroupRecord], *, producer: str = "", sequence: int = 0
-    ) -> PutOutcome:
-        total = admit(
-            groups,
-            size=self._size,
-            capacity=self.capacity,
-            producers=self._producers,
-            producer=producer,
-            sequence=sequence,
-        )
-        if total is None:
-            return PutOutcome(stored=0, duplicate=True)
-        for record in groups:
-            self._items[self._next_seq] = _Item(self._next_seq, record)
-            self._accepted_log.extend(record.uids)
-            self._next_seq += 1
-            add_versions(self._versions, record.versions.items())
-        if producer and sequence:
-            self._producers[producer] = sequence
-        self._size += total
-        self._counts["accepted"] += total
-        return PutOutcome(stored=total)
+    def _keep(self, record: GroupRecord) -> None:
+        self._items[self._next_seq] = _Item(self._next_seq, record)
+        self._accepted_log.extend(record.uids)
+        self._next_seq += 1
+
+    def _count_accepted(self, n: int) -> None:
+        self._counts["accepted"] += n
 
     def _remove(self, item: _Item) -> None:
         del self._items[item.seq]
