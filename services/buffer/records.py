@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from rft.v1 import experience_pb2
 
 from services.common.lineage import experience_uid
-from services.common.protowire import encode_varint, read_varint
+from services.common.protowire import encode_varint, iter_fields
 from services.common.rpc.bounds import shown
 
 # Tag of `repeated Experience experiences = 2` in GetBatchResponse (field 2, wire type 2).
@@ -98,25 +98,11 @@ def field_slices(data: bytes, field_number: int) -> list[bytes]:
     Used to keep each experience's bytes as received (no re-serialization): for `ExperienceBatch`,
     field 1 occurrences are exactly its experiences, in order.
     """
-    out = []
-    i, end = 0, len(data)
-    while i < end:
-        key, i = read_varint(data, i)
-        wire_type = key & 7
-        if wire_type == 0:
-            _, i = read_varint(data, i)
-        elif wire_type == 2:
-            length, i = read_varint(data, i)
-            if key >> 3 == field_number:
-                out.append(data[i : i + length])
-            i += length
-        elif wire_type == 5:
-            i += 4
-        elif wire_type == 1:
-            i += 8
-        else:
-            raise ValueError(f"unsupported wire type {wire_type}")
-    return out
+    return [
+        data[pos : pos + length]
+        for field, wire, length, pos in iter_fields(data)
+        if wire == 2 and field == field_number
+    ]
 
 
 @dataclass(frozen=True)

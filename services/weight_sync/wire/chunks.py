@@ -27,7 +27,7 @@ from typing import NamedTuple
 import torch
 from rft.v1 import common_pb2
 
-from services.common.protowire import encode_varint, read_varint
+from services.common.protowire import WireTypeError, encode_varint, iter_fields
 from services.weight_sync.errors import MissingChunkError
 from services.weight_sync.wire.codec import (
     decode_state_dict,
@@ -183,13 +183,6 @@ def chunks_to_state_dict(
 _DATA_TAG = bytes([4 << 3 | 2])  # field 4 (data), length-delimited
 
 
-def _read_varint(buf: memoryview, pos: int) -> tuple[int, int]:
-    try:
-        return read_varint(buf, pos)
-    except IndexError:
-        raise MissingChunkError("truncated WeightChunk (varint runs past the end)") from None
-
-
 class _WireChunk(NamedTuple):
     version: common_pb2.ModelVersion
     index: int
@@ -234,39 +227,27 @@ def encode_raw_chunks(
 def parse_raw_chunk(raw: bytes | memoryview) -> _WireChunk:
     """The fields of one serialized `WeightChunk`; `data` is a view into `raw` (no copy)."""
     buf = memoryview(raw)
-    pos, index, total, total_bytes, delta, delta_base = 0, 0, 0, 0, 0, 0
     version = common_pb2.ModelVersion()
     data = buf[0:0]
-    while pos < len(buf):
-        key, pos = _read_varint(buf, pos)
-        field, wire = key >> 3, key & 7
-        if wire == 0:
-            value, pos = _read_varint(buf, pos)
-            if field == 2:
-                index = value
-            elif field == 3:
-                total = value
-            elif field == 5:
-                total_bytes = value
-            elif field == 6:
-                delta = value
-            elif field == 7:
-                delta_base = value
-        elif wire == 2:
-            n, pos = _read_varint(buf, pos)
-            if pos + n > len(buf):
+    varints = {2: 0, 3: 0, 5: 0, 6: 0, 7: 0}  # index, total, total_bytes, delta, delta_base_version
+    try:
+        for field, wire, value, pos in iter_fields(buf):
+            if wire == 0:
+                if field in varints:
+                    varints[field] = value
+            elif pos + value > len(buf):
                 raise MissingChunkError("truncated WeightChunk (a field runs past the end)")
-            if field == 4:
-                data = buf[pos : pos + n]
+            elif field == 4:
+                data = buf[pos : pos + value]
             elif field == 1:
-                version = common_pb2.ModelVersion.FromString(bytes(buf[pos : pos + n]))
-            pos += n
-        elif wire == 1:
-            pos += 8
-        elif wire == 5:
-            pos += 4
-        else:
-            raise MissingChunkError(f"WeightChunk field {field} has unsupported wire type {wire}")
+                version = common_pb2.ModelVersion.FromString(bytes(buf[pos : pos + value]))
+    except IndexError:
+        raise MissingChunkError("truncated WeightChunk (varint runs past the end)") from None
+    except WireTypeError as exc:
+        raise MissingChunkError(
+            f"WeightChunk field {exc.field} has unsupported wire type {exc.wire}"
+        ) from None
+    index, total, total_bytes, delta, delta_base = (varints[f] for f in (2, 3, 5, 6, 7))
     return _WireChunk(
         version,
         _signed32(index),
