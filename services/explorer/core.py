@@ -200,6 +200,13 @@ class ExplorerCore:
         ended = total is not None and self.step >= total and not self.until_run_ends
         return self._stopping or self.exhausted or ended
 
+    def failed(self, exc: BaseException, logger: Any, **fields: Any) -> int:
+        """The run ended by `exc`: mark this explorer FAILED, log it to `logger` (the entry's own, as
+        the launcher reads it) and return the exit code, 1."""
+        self.status = "FAILED"
+        logger.exception("explorer failed", **fields, error=f"{type(exc).__name__}: {exc}")
+        return 1
+
     async def stop(self) -> None:
         self._stopping = True
         self.status = "STOPPED"

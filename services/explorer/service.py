@@ -237,9 +237,7 @@ async def _auto_run(core: ExplorerCore, client: SyncClient | None) -> None:
     except asyncio.CancelledError:
         raise
     except Exception as exc:
-        code = 1
-        core.status = "FAILED"
-        log.exception("explorer failed", step=core.step, error=f"{type(exc).__name__}: {exc}")
+        code = core.failed(exc, log, step=core.step)
     settle = getattr(core.gate, "settle", None)
     if settle is not None:  # the last load's report goes out before this explorer leaves
         try:

@@ -79,9 +79,7 @@ async def follow_run(core: ExplorerCore, client: SyncClient | None) -> None:
     except asyncio.CancelledError:
         raise
     except Exception as exc:
-        code = 1
-        core.status = "FAILED"
-        log.exception("explorer failed", error=f"{type(exc).__name__}: {exc}")
+        code = core.failed(exc, log)
     if not await client.leave(ok=code == 0):
         log.warning("could not report the end to the synchronizer")
     stop_service(code)

@@ -9,9 +9,11 @@ import threading
 
 import pytest
 import torch
+from structlog.testing import capture_logs
 
 from services.common.config import load_config
 from services.common.experience import Experience
+from services.common.log import get_logger
 from services.explorer.core import ExplorationFailed, ExplorerCore, find_checkpoints
 from services.explorer.metrics import eval_metrics, pass_at
 from services.explorer.runner import TaskResult
@@ -179,6 +181,10 @@ async def test_a_step_whose_every_task_fails_ends_exploration_with_the_first_err
     with pytest.raises(ExplorationFailed, match=r"every task of explore step 1 failed \(2 of 2") as err:
         await core.explore(1)
     assert "first error, task train/0" in str(err.value) and core.step == 0 and not core.sink.experiences
+    with capture_logs() as logs:  # the entry points' end on that error (service._auto_run, serve)
+        assert core.failed(err.value, get_logger("explorer"), step=core.step) == 1
+    assert core.status == "FAILED" and logs[0]["event"] == "explorer failed"
+    assert logs[0]["error"].startswith("ExplorationFailed: every task") and logs[0]["step"] == 0
 
 
 async def test_resume_continues_after_the_last_step(tmp_path):
