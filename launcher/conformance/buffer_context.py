@@ -20,35 +20,31 @@ import grpc
 from rft.v1 import buffer_pb2, buffer_pb2_grpc, experience_pb2
 
 from launcher.conformance.harness import (
+    CALL_TIMEOUT_S,
     CheckFailed,
+    Connected,
     SetupError,
     one_line,
     require,
     setup_error,
 )
-from services.common.rpc import create_channel
 
-CALL_TIMEOUT_S = 10.0
 DRAIN_BATCH = 4096
 DRAIN_ROUNDS = 1000
 
 
 @dataclass
-class BufferContext:
+class BufferContext(Connected):
     address: str
     group: str
     auth_token: str | None = None
     tag: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
     def __post_init__(self) -> None:
-        self.channel = create_channel(self.address, auth_token=self.auth_token, timeout_s=CALL_TIMEOUT_S)
-        self.stub = buffer_pb2_grpc.BufferServiceStub(self.channel)
+        self.stub = buffer_pb2_grpc.BufferServiceStub(self.connect())
         self.producer = f"conformance-{self.tag}"
         self._groups = 0
         self._sequence = 0
-
-    async def close(self) -> None:
-        await self.channel.close()
 
     async def preflight(self) -> None:
         """Stats of the suite's group: reachable, authorised, and the group declared; else SetupError."""

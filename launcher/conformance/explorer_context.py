@@ -16,29 +16,25 @@ import grpc
 from rft.v1 import explorer_pb2, explorer_pb2_grpc
 
 from launcher.conformance.harness import (
+    CALL_TIMEOUT_S,
     CheckSkipped,
+    Connected,
     setup_error,
 )
-from services.common.rpc import create_channel
 
-CALL_TIMEOUT_S = 10.0
 STEP_TIMEOUT_S = 50.0  # an explore or eval call runs rollouts
 
 
 @dataclass
-class ExplorerContext:
+class ExplorerContext(Connected):
     address: str
     auth_token: str | None = None
     drive: bool = False
     tag: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
 
     def __post_init__(self) -> None:
-        self.channel = create_channel(self.address, auth_token=self.auth_token, timeout_s=CALL_TIMEOUT_S)
-        self.stub = explorer_pb2_grpc.ExplorerServiceStub(self.channel)
+        self.stub = explorer_pb2_grpc.ExplorerServiceStub(self.connect())
         self.explorer_id = ""
-
-    async def close(self) -> None:
-        await self.channel.close()
 
     async def preflight(self) -> None:
         """Status: reachable and authorised; else SetupError."""

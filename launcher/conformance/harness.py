@@ -15,6 +15,24 @@ import grpc
 
 from services.common.rpc import create_channel
 
+CALL_TIMEOUT_S = 10.0  # each suite's calls
+
+
+class Connected:
+    """What every suite's context shares: one channel to the service under test (with the run's
+    token and the suites' call timeout), closed with the context."""
+
+    address: str
+    auth_token: str | None
+
+    def connect(self) -> grpc.aio.Channel:
+        self.channel = create_channel(self.address, auth_token=self.auth_token, timeout_s=CALL_TIMEOUT_S)
+        return self.channel
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+
 CHECK_TIMEOUT_S = 60.0  # one check's whole budget; every wait inside has its own, shorter deadline
 MAX_MESSAGE_CHARS = 512  # a refusal's message: the field, a why, 64 shown characters and a length
 SHOWN_CHARS = 64

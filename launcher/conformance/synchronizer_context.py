@@ -24,15 +24,15 @@ import grpc
 from rft.v1 import common_pb2, synchronizer_pb2, synchronizer_pb2_grpc
 
 from launcher.conformance.harness import (
+    CALL_TIMEOUT_S,
     CheckFailed,
+    Connected,
     SetupError,
     one_line,
     require,
     setup_error,
 )
-from services.common.rpc import create_channel
 
-CALL_TIMEOUT_S = 10.0
 POLL_S = 0.02
 TRAINER = synchronizer_pb2.MEMBER_ROLE_TRAINER
 EXPLORER = synchronizer_pb2.MEMBER_ROLE_EXPLORER
@@ -71,7 +71,7 @@ def chunks_of(version: int, step: int, blob: bytes, parts: int) -> list[common_p
 
 
 @dataclass
-class SyncContext:
+class SyncContext(Connected):
     address: str
     auth_token: str | None = None
     tag: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
@@ -81,13 +81,9 @@ class SyncContext:
     offset: int = 0
 
     def __post_init__(self) -> None:
-        self.channel = create_channel(self.address, auth_token=self.auth_token, timeout_s=CALL_TIMEOUT_S)
-        self.stub = synchronizer_pb2_grpc.SynchronizerServiceStub(self.channel)
+        self.stub = synchronizer_pb2_grpc.SynchronizerServiceStub(self.connect())
         self._members = 0
         self.joined: list[str] = []
-
-    async def close(self) -> None:
-        await self.channel.close()
 
     async def preflight(self) -> None:
         """GetRunState: reachable, authorised, no live member and not finished; else SetupError."""
