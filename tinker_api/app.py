@@ -31,9 +31,29 @@ def _err(status: int, msg: str) -> JSONResponse:
     return JSONResponse({"detail": msg, "error": msg}, status_code=status)
 
 
+API = "/api/v1"
+
+
 def build_app(server: TinkerServer, poll_s: float = 20.0) -> FastAPI:
+    """The app: the key check, then each group of routes, the catch-all for unsupported ones last."""
     app = FastAPI(title="rft serve tinker")
-    api = "/api/v1"
+    _auth(app, server)
+    _meta_routes(app, server)
+    _session_routes(app, server)
+    _training_routes(app, server)
+    _sampling_routes(app, server)
+    _future_routes(app, server, poll_s)
+    _unsupported_route(app)
+    return app
+
+
+def _queue(server: TinkerServer, fn, model_id: str | None = None) -> dict[str, Any]:  # noqa: ANN001
+    """Submit `fn` as a future; the SDK polls `retrieve_future` with the request id."""
+    return {"request_id": server.futures.submit(fn), "model_id": model_id}
+
+
+def _auth(app: FastAPI, server: TinkerServer) -> None:
+    api = API
 
     @app.middleware("http")
     async def auth(request: Request, call_next):  # noqa: ANN001, ANN202
@@ -44,8 +64,10 @@ def build_app(server: TinkerServer, poll_s: float = 20.0) -> FastAPI:
             )
         return await call_next(request)
 
-    def queue(fn, model_id: str | None = None) -> dict[str, Any]:  # noqa: ANN001
-        return {"request_id": server.futures.submit(fn), "model_id": model_id}
+
+def _meta_routes(app: FastAPI, server: TinkerServer) -> None:
+    """Health, the SDK's client configuration and telemetry, and what this server can train."""
+    api = API
 
     @app.get(f"{api}/healthz")
     async def healthz() -> dict[str, str]:
@@ -68,6 +90,10 @@ def build_app(server: TinkerServer, poll_s: float = 20.0) -> FastAPI:
         names = list(server.base_models)
         return {"supported_models": [{"model_name": n, "trainable": True, "sampleable": True} for n in names]}
 
+
+def _session_routes(app: FastAPI, server: TinkerServer) -> None:
+    api = API
+
     @app.post(f"{api}/create_session")
     async def create_session() -> dict[str, Any]:
         sid = f"session-{uuid.uuid4().hex[:12]}"
@@ -81,6 +107,14 @@ def build_app(server: TinkerServer, poll_s: float = 20.0) -> FastAPI:
             return _err(404, f"unknown session {sid!r} (the server restarted?); create a new ServiceClient")
         server.sessions[sid] += 1
         return JSONResponse({"type": "session_heartbeat"})
+
+
+def _training_routes(app: FastAPI, server: TinkerServer) -> None:
+    """Training clients: models, forward_backward, optim_step, saving and loading weights."""
+    api = API
+
+    def queue(fn, model_id: str | None = None) -> dict[str, Any]:  # noqa: ANN001
+        return _queue(server, fn, model_id)
 
     @app.post(f"{api}/create_model")
     async def create_model(request: Request) -> dict[str, Any]:
@@ -142,6 +176,13 @@ def build_app(server: TinkerServer, poll_s: float = 20.0) -> FastAPI:
         body = await request.json()
         return queue(lambda: server.load(body), body.get("model_id"))
 
+
+def _sampling_routes(app: FastAPI, server: TinkerServer) -> None:
+    api = API
+
+    def queue(fn, model_id: str | None = None) -> dict[str, Any]:  # noqa: ANN001
+        return _queue(server, fn, model_id)
+
     @app.post(f"{api}/create_sampling_session")
     async def create_sampling_session(request: Request) -> Response:
         body = await request.json()
@@ -165,6 +206,10 @@ def build_app(server: TinkerServer, poll_s: float = 20.0) -> FastAPI:
         ]
         return out
 
+
+def _future_routes(app: FastAPI, server: TinkerServer, poll_s: float) -> None:
+    api = API
+
     @app.post(f"{api}/retrieve_future")
     async def retrieve_future(request: Request) -> Response:
         rid = (await request.json()).get("request_id")
@@ -187,8 +232,10 @@ def build_app(server: TinkerServer, poll_s: float = 20.0) -> FastAPI:
             return Response(result, media_type=PROTO)
         return JSONResponse(result)
 
+
+def _unsupported_route(app: FastAPI) -> None:
+    api = API
+
     @app.api_route(f"{api}/{{rest:path}}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
     async def unsupported(rest: str) -> Response:
         return _err(404, f"route /api/v1/{rest} is not supported by rft serve tinker; supported: {SUPPORTED}")
-
-    return app
