@@ -39,6 +39,7 @@ def _session(client: openai.OpenAI, sid: str, rewards: tuple[float, float]) -> l
     return [f"explorer/explorer/serve/{sid}/{second.id}/{i}/" for i in range(2)]
 
 
+@pytest.mark.timeout(600)  # the waits below are upper bounds for a loaded machine
 def test_serve_mode_trains_on_exactly_the_committed_sessions(tmp_path):
     tree = example("serve.yaml")
     tree["checkpoint_root_dir"] = str(tmp_path / "ckpt")
@@ -50,7 +51,7 @@ def test_serve_mode_trains_on_exactly_the_committed_sessions(tmp_path):
     proc = start_rft(config, log=log)
     try:
         found = poll_until(
-            lambda: re.search(r"endpoint: (http://\S+/v1)", log.read_text()), 60, "the endpoint"
+            lambda: re.search(r"endpoint: (http://\S+/v1)", log.read_text()), 240, "the endpoint"
         )
         client = openai.OpenAI(base_url=found.group(1), api_key="none", max_retries=0)
         expected = _session(client, "a", (1.0, 0.0)) + _session(client, "b", (0.5, 0.25))
@@ -63,7 +64,7 @@ def test_serve_mode_trains_on_exactly_the_committed_sessions(tmp_path):
         client.post("/commit", body={"session_ids": ["a", "b"]}, cast_to=httpx2.Response)  # step 1
         # the endpoint serves the weights of trainer step 1 once they are published
         health = found.group(1).removesuffix("/v1") + "/health"
-        poll_until(lambda: httpx2.get(health).json()["model_version"] >= 1, 60, "version 1 at the endpoint")
+        poll_until(lambda: httpx2.get(health).json()["model_version"] >= 1, 240, "version 1 at the endpoint")
         later = client.chat.completions.create(
             model="p", messages=[{"role": "user", "content": "x"}], max_tokens=2
         )
