@@ -52,7 +52,7 @@ from services.common.monitor import Monitor
 from services.trainer.checkpoint import discard_after, find_latest, step_dir
 from services.trainer.collate import collate
 from services.trainer.engine import TrainEngine
-from services.trainer.replay_record import ReplayRecorder, weights_digest
+from services.trainer.replay_record import ReplayRecorder, tensor_digests
 from services.trainer.settings import TrainerSettings
 from services.trainer.staleness import mask_stale_tokens, token_staleness_metrics
 
@@ -380,7 +380,7 @@ class TrainerCore:
         assert self.replay is not None
         t0 = time.perf_counter()
         try:
-            digest = await asyncio.to_thread(lambda: weights_digest(self.engine.iter_state_dict()))
+            digest = await asyncio.to_thread(lambda: tensor_digests(self.engine.iter_state_dict()))
             await asyncio.to_thread(
                 self.replay.write, self.global_step, lease_id, experiences, dict(metrics), digest
             )

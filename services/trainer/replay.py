@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from services.common.lineage import latest_checkpoint, read_lineage
-from services.trainer.replay_record import StepRecord, read_record, record_steps, weights_digest
+from services.trainer.replay_record import StepRecord, read_record, record_steps, tensor_digests
 
 __all__ = ["ReplayError", "StepReplay", "compare_metrics", "compare_weights", "plan_replay", "replay_steps"]
 
@@ -157,7 +157,7 @@ def compare_weights(
     it is on disk: max abs diff); the first tensor that differs goes into `out`."""
     from safetensors import safe_open
 
-    digest = weights_digest(replayed.items())
+    digest = tensor_digests(replayed.items())
     saved = job_dir / f"global_step_{record.step}" / "actor" / "model.safetensors"
     with contextlib.ExitStack() as stack:
         ckpt = stack.enter_context(safe_open(str(saved), framework="pt")) if saved.is_file() else None

@@ -9,7 +9,7 @@ One folder per step, `<job_dir>/replay/step_N/`:
                  threads (a CPU sum's order depends on them: a replay uses as many)}; written last
                  (a folder without it is incomplete and ignored)
 
-The per-tensor digest (`weights_digest`: blake2b of the tensor's bytes, plus its float64 sum and norm)
+The per-tensor digest (`tensor_digests`: blake2b of the tensor's bytes, plus its float64 sum and norm)
 is what a replay compares its weights with when no checkpoint of step N is on disk: the hash for bit
 exactness, sum and norm within a tolerance (on a GPU). Retention: the newest `keep_steps` steps, and
 of those no more than `keep_bytes` (oldest first; the newest step always stays). On resume the
@@ -31,7 +31,7 @@ import torch
 from services.common.experience import Experience, batch_from_proto, batch_to_proto
 from services.common.lineage import experience_uid
 
-__all__ = ["ReplayRecorder", "StepRecord", "read_record", "record_steps", "replay_dir", "weights_digest"]
+__all__ = ["ReplayRecorder", "StepRecord", "read_record", "record_steps", "replay_dir", "tensor_digests"]
 
 BATCH_FILE = "batch.pb"
 STEP_FILE = "step.json"
@@ -45,7 +45,7 @@ def _step_folder(job_dir: Path, step: int) -> Path:
     return replay_dir(job_dir) / f"step_{step}"
 
 
-def weights_digest(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, list[Any]]:
+def tensor_digests(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, list[Any]]:
     """{name: [blake2b-64 of the bytes, float64 sum, float64 l2 norm]} in iteration order."""
     out: dict[str, list[Any]] = {}
     for name, tensor in named:

@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 
 from services.common.lineage import MARKER, StepLineage, experience_uid, write_lineage
 from services.trainer.replay import ReplayError, StepReplay, compare_metrics, compare_weights, plan_replay
-from services.trainer.replay_record import ReplayRecorder, read_record, weights_digest
+from services.trainer.replay_record import ReplayRecorder, read_record, tensor_digests
 from tests.support.trainer_data import make_experiences
 
 KEEP = {"replay_keep_steps": 3, "replay_keep_bytes": None}
@@ -62,7 +62,7 @@ def test_the_comparison_names_the_first_tensor_that_differs_and_the_metrics(tmp_
     weights = {"a": torch.linspace(0, 1, 16), "b": torch.linspace(-1, 1, 32), "c": torch.ones(4)}
     exps = make_experiences(4, seed=5)
     ReplayRecorder(tmp_path, keep_steps=3).write(
-        2, "l2", exps, {"actor/loss": 0.5, "timing_s/x": 1.0}, weights_digest(weights.items())
+        2, "l2", exps, {"actor/loss": 0.5, "timing_s/x": 1.0}, tensor_digests(weights.items())
     )
     record = read_record(tmp_path, 2)
     same = StepReplay(2, 1)

@@ -12,7 +12,7 @@ from services.trainer.replay_record import (
     read_record,
     record_steps,
     replay_dir,
-    weights_digest,
+    tensor_digests,
 )
 from tests.support.trainer_data import make_experiences
 
@@ -22,7 +22,7 @@ def test_a_record_gives_back_the_batch_in_order_with_metrics_and_digest(tmp_path
     exps[2].action_mask = torch.tensor(
         [True, False] * (exps[2].response_length // 2) + [True] * (exps[2].response_length % 2)
     )
-    digest = weights_digest([("w", torch.ones(3)), ("b", torch.zeros(0))])
+    digest = tensor_digests([("w", torch.ones(3)), ("b", torch.zeros(0))])
     ReplayRecorder(tmp_path, keep_steps=5).write(4, "lease-9", exps, {"actor/loss": 0.25}, digest)
     record = read_record(tmp_path, 4)
     assert record is not None and (record.step, record.lease_id) == (4, "lease-9")
@@ -38,9 +38,9 @@ def test_the_digest_sees_one_ulp():
     w = torch.linspace(-1, 1, 64)
     nudged = w.clone()
     nudged[17] = torch.nextafter(nudged[17], torch.tensor(2.0))
-    a, b = weights_digest([("w", w)]), weights_digest([("w", w.clone())])
+    a, b = tensor_digests([("w", w)]), tensor_digests([("w", w.clone())])
     assert a == b
-    assert weights_digest([("w", nudged)])["w"][0] != a["w"][0]
+    assert tensor_digests([("w", nudged)])["w"][0] != a["w"][0]
 
 
 def test_retention_by_steps_and_bytes_and_discard_after_a_resume(tmp_path):

@@ -18,7 +18,7 @@ from services.trainer.checkpoint import MARKER, find_latest
 from services.trainer.core import NoBatchError, PreconditionError, TrainerCore, TrainerState
 from services.trainer.distributed import ensure_process_group
 from services.trainer.engine import FSDPEngine
-from services.trainer.replay_record import read_record, record_steps, weights_digest
+from services.trainer.replay_record import read_record, record_steps, tensor_digests
 from services.trainer.settings import TrainerSettings
 from tests.support.trainer_data import OrderedBuffer, make_config, make_experiences
 
@@ -235,7 +235,7 @@ async def test_replay_records_keep_the_newest_steps_and_a_resume_drops_the_untra
     assert record_steps(job) == [2, 3] and "timing_s/replay_record" in metrics[-1]
     record = read_record(job, 3)
     assert record is not None and record.uids == tuple(experience_uid(e.eid) for e in batches()[2])
-    assert record.weights == weights_digest(core.engine.iter_state_dict())  # the weights after step 3
+    assert record.weights == tensor_digests(core.engine.iter_state_dict())  # the weights after step 3
     engine_metrics = {k: v for k, v in stable(metrics[2]).items() if k in record.metrics}
     assert len(engine_metrics) > 5 and all(record.metrics[k] == v for k, v in engine_metrics.items())
     await core.wait_for_save()
