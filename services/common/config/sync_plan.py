@@ -68,12 +68,15 @@ FULLY_ASYNC_STALE_PUBLISHES = 4
 @dataclass(frozen=True)
 class SyncPlan:
     """`synchronizer.sync_style`, `sync_interval`, `sync_offset` and the configured staleness bound
-    (`staleness`: `sample_strategy_args.max_staleness` with `staleness_control`, else None)."""
+    (`staleness`: `sample_strategy_args.max_staleness` with `staleness_control`, else None).
+    `offline`: the trainer reads rows of a file (`mode: train` with `trainer_input.experience_buffer.path`),
+    which no policy version produced, so no staleness bound applies to them."""
 
     style: SyncStyle = "fixed"
     interval: int = 1
     offset: int = 0
     staleness: int | None = None
+    offline: bool = False
 
     def __post_init__(self) -> None:
         if self.style not in STYLES:
@@ -89,7 +92,8 @@ class SyncPlan:
         staleness = None
         if a.sample_strategy == "staleness_control":
             staleness = int((a.sample_strategy_args or {}).get("max_staleness", 0))
-        return cls(s.sync_style, s.sync_interval, s.sync_offset, staleness)
+        offline = config.mode == "train" and bool(config.buffer.trainer_input.experience_buffer.path)
+        return cls(s.sync_style, s.sync_interval, s.sync_offset, staleness, offline)
 
     # ---- what each role asks ---------------------------------------------------------------------
     def explorer_waits(self) -> bool:
@@ -116,7 +120,10 @@ class SyncPlan:
         """Most trainer steps an experience's model_version may lag the trainer's (older ones are
         dropped by the buffer): the configured `staleness`; with `fully_async` and none configured,
         FULLY_ASYNC_STALE_PUBLISHES x interval (explorers never wait there, so only this bounds it);
-        else None (no bound)."""
+        else None (no bound). Never one for offline rows: they all carry version 0, and a bound would
+        drop every row once the trainer passed it, leaving it waiting for data that never comes."""
+        if self.offline:
+            return None
         if self.staleness is not None:
             return self.staleness
         if self.style == "fully_async":

@@ -150,3 +150,24 @@ def test_plan_from_config_and_the_resolved_bound(yaml, expected):
     assert plan == expected
     assert resolve(config).sync_plan == plan
     assert resolve(config).max_staleness == plan.default_staleness()
+
+
+@pytest.mark.parametrize(
+    "synchronizer",
+    ["{sync_style: fully_async}", "{sync_style: fixed}"],
+)
+def test_offline_rows_have_no_staleness_bound(synchronizer):
+    """A train stage reading a file (the quickstart's SFT warm-up) keeps every row whatever the style:
+    under fully_async's default bound of 4 its version-0 rows were all dropped from trainer step 5 on,
+    and the trainer waited for data forever (seen on an H200 with the quickstart run fully_async)."""
+    base = (
+        "mode: train\nalgorithm: {algorithm_type: sft, sample_strategy: staleness_control,"
+        " sample_strategy_args: {max_staleness: 2}}\n"
+        f"synchronizer: {synchronizer}\n"
+    )
+    offline = load_config(text=base + "buffer: {trainer_input: {experience_buffer: {path: rows.jsonl}}}")
+    assert SyncPlan.from_config(offline).offline
+    assert resolve(offline).max_staleness is None
+    fed = load_config(text=base)  # train mode fed by explorers elsewhere: the bound holds
+    assert not SyncPlan.from_config(fed).offline
+    assert resolve(fed).max_staleness == 2
