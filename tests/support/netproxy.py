@@ -6,6 +6,8 @@
         proxy.cut("up")      # one way: client -> server bytes are held, replies to what got through flow
         proxy.delay(2.0)     # every chunk waits 2 s in each direction
         proxy.heal()         # back to a plain pipe; held connections resume where they stopped
+        proxy.drop_replies() # the next reply's first bytes close the connection instead (the server
+                             # answered, the client never hears it: a lost response)
 
 It runs its own asyncio loop in a thread; modes apply to live connections as well as new ones. A cut holds
 the bytes of the cut direction(s) and delivers them on heal, as TCP's retransmissions do across a partition
@@ -36,6 +38,8 @@ class NetProxy:
         self.port = 0
         self.mode = _Mode()
         self.connections = 0
+        self.dropped = 0  # replies dropped so far
+        self._drop = 0
         self._changed: asyncio.Event | None = None
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.Server | None = None
@@ -62,6 +66,12 @@ class NetProxy:
 
     def delay(self, seconds: float) -> None:
         self._set(_Mode(delay_s=seconds))
+
+    def drop_replies(self, count: int = 1) -> None:
+        async def arm() -> None:
+            self._drop += count
+
+        asyncio.run_coroutine_threadsafe(arm(), self._loop).result(10)  # armed before this returns
 
     def heal(self) -> None:
         self._set(_Mode())
@@ -114,6 +124,10 @@ class NetProxy:
         try:
             while chunk := await src.read(65536):
                 await self._wait_until(lambda: direction not in self.mode.held)
+                if direction == DOWN and self._drop:  # a lost reply: the client's connection just ends
+                    self._drop -= 1
+                    self.dropped += 1
+                    return
                 if self.mode.delay_s:
                     await asyncio.sleep(self.mode.delay_s)  # ok-sleep: the injected link delay
                 dst.write(chunk)

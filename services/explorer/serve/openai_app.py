@@ -23,6 +23,8 @@ answer repeats it in the `X-Session-Id` header and a `session_id` body field.
 As the gRPC services: with `services.auth_token` (RFT_AUTH_TOKEN) set, every route but /health needs
 `Authorization: Bearer <token>` (401 otherwise). Bodies above `explorer.serve.max_body_bytes` get 413.
 Every error is `{"error": {"message", "type", "param", "code"}}` with the field in `param`.
+A request with an `Idempotency-Key` header is answered once; its retries get that answer
+(serve/idempotency.py; commit derives a key from its session ids when none is sent).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from starlette.exceptions import HTTPException
 
 from services.explorer.serve import responses, streaming
 from services.explorer.serve.endpoint_core import EndpointCore
+from services.explorer.serve.idempotency import IdempotencyStore, fingerprint
 from services.explorer.serve.protocol import (
     ChatRequest,
     CommitRequest,
@@ -90,6 +93,11 @@ def _session(request: Request, body: Any) -> str | None:
     if sid is not None and not 0 < len(sid) <= 256:
         raise ServeError(400, "session id: 1 to 256 characters", "X-Session-Id")
     return sid
+
+
+def _print(request: Request, body: BaseModel) -> str:
+    """What makes two requests of a route the same: the parsed body and the session header."""
+    return fingerprint(body.model_dump_json(), request.headers.get("x-session-id"))
 
 
 def _answer(body: Any, sid: str, stream: bool = False) -> Any:
@@ -158,6 +166,7 @@ def build_app(core: EndpointCore, auth_token: str | None = None) -> FastAPI:
     app = FastAPI(title="RFT Mesh serve", docs_url=None, redoc_url=None, openapi_url=None)
     cfg = core.cfg
     _guard(app, auth_token)
+    once = app.state.idempotency = IdempotencyStore()
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -172,6 +181,9 @@ def build_app(core: EndpointCore, auth_token: str | None = None) -> FastAPI:
     async def chat(request: Request) -> Any:
         req = await _parse(request, ChatRequest, cfg.max_body_bytes)
         check_chat(req, cfg.max_n)
+        return await once.answer(request, "chat", _print(request, req), lambda: _chat(request, req))
+
+    async def _chat(request: Request, req: ChatRequest) -> Any:
         usage = bool((req.stream_options or {}).get("include_usage"))
         if req.stream and not (req.tools and req.tool_choice != "none"):
             return await _live(core, request, req, True, usage)
@@ -188,23 +200,35 @@ def build_app(core: EndpointCore, auth_token: str | None = None) -> FastAPI:
             raise ServeError(
                 400, f"n: {req.n} is above this server's limit {cfg.max_n} (explorer.serve.max_n)", "n"
             )
+        return await once.answer(
+            request, "completions", _print(request, req), lambda: _complete(request, req)
+        )
+
+    async def _complete(request: Request, req: CompletionRequest) -> Any:
         if req.stream:
             return await _live(core, request, req, False, False)
         call, sid, answers = await core.complete(req, _session(request, req))
         lp, name = req.logprobs is not None, core.model_name
-        if req.stream:
-            return _answer(responses.completion_chunks(call, sid, answers, name, lp), sid, True)
         return _answer(responses.completion_body(call, sid, answers, name, lp), sid)
 
     @app.post("/v1/feedback")
-    async def feedback(request: Request) -> dict[str, Any]:
+    async def feedback(request: Request) -> Any:
         req = await _parse(request, FeedbackRequest, cfg.max_body_bytes)
-        sid = core.feedback(req.reward, req.session_id, req.response_id, req.choice_index)
-        return {"session_id": sid, "reward": req.reward}
+
+        async def run() -> JSONResponse:
+            sid = core.feedback(req.reward, req.session_id, req.response_id, req.choice_index)
+            return JSONResponse({"session_id": sid, "reward": req.reward})
+
+        return await once.answer(request, "feedback", _print(request, req), run)
 
     @app.post("/v1/commit")
-    async def commit(request: Request) -> dict[str, Any]:
+    async def commit(request: Request) -> Any:
         req = await _parse(request, CommitRequest, cfg.max_body_bytes)
-        return await core.commit(req.session_ids)
+
+        async def run() -> JSONResponse:
+            return JSONResponse(await core.commit(req.session_ids))
+
+        # a commit of the same sessions succeeds once: its retry without a key gets that answer too
+        return await once.answer(request, "commit", _print(request, req), run, derive=True)
 
     return app

@@ -5,6 +5,7 @@ masked in; and the same Feedback/Commit over gRPC."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from services.explorer.serve.endpoint import Endpoint
 from services.explorer.service import build_core
 from services.explorer.servicer import ExplorerServicer, registration
 from services.explorer.sink import ListSink
+from tests.support.netproxy import NetProxy
 
 TOKEN = "s3cret-token"
 
@@ -92,9 +94,13 @@ async def test_a_conversation_with_feedback_and_commit_becomes_one_masked_experi
     assert between > 0 and mask == [True] * n1 + [False] * between + [True] * n2
     assert torch.allclose(exp.logprobs[:n1], torch.tensor([t.logprob for t in lp]))
     assert (exp.logprobs[n1 : n1 + between] == 0).all()
-    # exactly once
+    # exactly once: the same commit again is a retry and gets the first answer; another request
+    # (here: its own idempotency key) committing the session is refused
+    again = await client.post("/commit", body={"session_ids": ["conv-1"]}, cast_to=httpx2.Response)
+    assert again.json() == done.json() and again.headers["idempotent-replayed"] == "true"
     with pytest.raises(openai.ConflictError) as err:
-        await client.post("/commit", body={"session_ids": ["conv-1"]}, cast_to=httpx2.Response)
+        await client.post("/commit", body={"session_ids": ["conv-1"]}, cast_to=httpx2.Response,
+                          options={"headers": {"Idempotency-Key": "another"}})  # fmt: skip
     assert err.value.body["code"] == "committed" and err.value.body["param"] == "session_ids"
     assert len(sink.experiences) == 1
 
@@ -339,3 +345,72 @@ async def test_tools_are_rendered_into_the_prompt_and_tool_calls_parsed(served):
             tool_choice={"type": "function", "function": {"name": "calculator"}},
         )  # fmt: skip
     assert err.value.body["param"] == "tool_choice"
+
+
+async def _episode(client, sid: str, key: str | None) -> None:
+    """One call of an episode under its session id (and idempotency key, when given)."""
+    head = {"X-Session-Id": sid} | ({"Idempotency-Key": key} if key else {})
+    messages = [{"role": "user", "content": f"{sid}: what is 1 plus 1"}]
+    await client.chat.completions.create(model="policy", messages=messages, max_tokens=3, extra_headers=head)
+
+
+async def test_a_lost_reply_is_retried_by_the_openai_client_and_stored_once(served):
+    """A real proxy drops the first reply of each completion and of a commit; the official client
+    retries (same body, same `Idempotency-Key`): one experience per episode. Without a key the same
+    lost reply is sampled and recorded twice (two experiences for one episode)."""
+    endpoint, _, sink, _ = served
+    host, port = endpoint.http.url.removeprefix("http://").split("/")[0].split(":")
+    with NetProxy.start(host, int(port)) as proxy:
+        client = openai.AsyncOpenAI(
+            base_url=f"http://127.0.0.1:{proxy.port}/v1", api_key=TOKEN, max_retries=3
+        )
+        try:
+            episodes = [f"ep-{i}" for i in range(3)]
+            for i, sid in enumerate(episodes):
+                proxy.drop_replies()
+                await _episode(client, sid, key=f"key-{sid}")
+                await client.post(
+                    "/feedback", body={"session_id": sid, "reward": float(i)}, cast_to=httpx2.Response
+                )
+            proxy.drop_replies()
+            done = await client.post("/commit", body={"session_ids": episodes}, cast_to=httpx2.Response)
+            assert proxy.dropped == 4
+            assert done.json()["experiences"] == 3 and done.headers["idempotent-replayed"] == "true"
+            assert sorted(e.info["session_id"] for e in sink.experiences) == episodes
+            assert [len(endpoint.core.store.sessions[s].calls) for s in episodes] == [0, 0, 0]  # committed
+            # the control: no key, the lost reply's call stays in the session beside its retry's
+            proxy.drop_replies()
+            await _episode(client, "no-key", key=None)
+            await client.post(
+                "/feedback", body={"session_id": "no-key", "reward": 1.0}, cast_to=httpx2.Response
+            )
+            twice = await client.post("/commit", body={"session_ids": ["no-key"]}, cast_to=httpx2.Response)
+            assert proxy.dropped == 5 and twice.json()["experiences"] == 2
+        finally:
+            await client.close()
+
+
+async def test_an_idempotency_key_answers_concurrent_retries_once_and_refuses_another_request(served):
+    endpoint, client, _, _ = served
+    head = {"X-Session-Id": "same", "Idempotency-Key": "k-1"}
+    body = {"model": "policy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+    first, second = await asyncio.gather(
+        *(client.chat.completions.with_raw_response.create(**body, extra_headers=head) for _ in range(2))
+    )
+    one, two = first.parse(), second.parse()
+    assert one.id == two.id and one.choices[0].message.content == two.choices[0].message.content
+    assert sorted(r.headers.get("idempotent-replayed", "") for r in (first, second)) == ["", "true"]
+    assert len(endpoint.core.store.sessions["same"].calls) == 1
+    with pytest.raises(openai.UnprocessableEntityError) as err:  # the key again, another request
+        await client.chat.completions.create(**(body | {"max_tokens": 2}), extra_headers=head)
+    assert err.value.body["param"] == "Idempotency-Key" and err.value.body["code"] == "idempotency_key_reused"
+    with pytest.raises(openai.BadRequestError) as err:
+        await client.chat.completions.create(**body, extra_headers={"Idempotency-Key": "k" * 300})
+    assert err.value.body["param"] == "Idempotency-Key"
+    # streamed: the retry gets the same events
+    stream_head = {"X-Session-Id": "streamed-once", "Idempotency-Key": "k-2"}
+    texts = []
+    for _ in range(2):
+        stream = await client.chat.completions.create(**body, stream=True, extra_headers=stream_head)
+        texts.append([c.id async for c in stream])
+    assert texts[0] == texts[1] and len(endpoint.core.store.sessions["streamed-once"].calls) == 1
