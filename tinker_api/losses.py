@@ -10,6 +10,10 @@ on the SFT loss), `logprobs` (the sampler's log-probs: our `old_log_prob`) and `
   sum(-advantages * exp(log p - sampler log p)), Tinker's REINFORCE with importance sampling.
 - `ppo`: our `ppo` clip with ε_low = 1 - clip_low_threshold, ε_high = clip_high_threshold - 1
   (loss_fn_config; defaults 0.8 and 1.2) and no dual clip, as Tinker's.
+- `cispo`: our `cispo`, sum(-sg(clip(r, clip_low_threshold, clip_high_threshold)) * A * log p)
+  (defaults 0.0 and 4.0, Tinker's one-sided clip).
+- `dro`: sum(-(A * log p - beta/2 * (log p - sampler log p)^2)), Tinker's quadratic penalty; `beta`
+  has no default (the server will not guess one).
 """
 
 from __future__ import annotations
@@ -21,10 +25,19 @@ from services.trainer.algorithms.registries import get_policy_loss_fn
 _OFF = 1.0e9  # a clip bound no ratio reaches (ratios are clamped to exp(20))
 _AGG = "seq-mean-token-sum"
 
+_RL = ("target_tokens", "logprobs", "advantages")
 NEEDS = {
     "cross_entropy": ("target_tokens",),
-    "importance_sampling": ("target_tokens", "logprobs", "advantages"),
-    "ppo": ("target_tokens", "logprobs", "advantages"),
+    "importance_sampling": _RL,
+    "ppo": _RL,
+    "cispo": _RL,
+    "dro": _RL,
+}
+# loss_fn_config keys each loss takes, with their defaults (None: required)
+CONFIG: dict[str, dict[str, float | None]] = {
+    "ppo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
+    "cispo": {"clip_low_threshold": 0.0, "clip_high_threshold": 4.0},
+    "dro": {"beta": None},
 }
 
 
@@ -35,10 +48,22 @@ class LossError(ValueError):
 def check(name: str, config: dict[str, float | str]) -> None:
     if name not in NEEDS:
         raise LossError(f"loss_fn {name!r} is not supported by this server; supported: {', '.join(NEEDS)}")
-    allowed = {"clip_low_threshold", "clip_high_threshold"} if name == "ppo" else set()
-    unknown = sorted(set(config) - allowed)
+    allowed = CONFIG.get(name, {})
+    unknown = sorted(set(config) - set(allowed))
     if unknown:
         raise LossError(f"loss_fn_config for {name!r}: unknown keys {unknown}; allowed: {sorted(allowed)}")
+    missing = sorted(k for k, default in allowed.items() if default is None and k not in config)
+    if missing:
+        raise LossError(f"loss_fn_config for {name!r} needs {missing} (no default)")
+    for key in allowed:
+        if key in config and not isinstance(config[key], float):
+            raise LossError(f"loss_fn_config[{key!r}] for {name!r}: a number, got {config[key]!r}")
+
+
+def _option(name: str, config: dict[str, float | str], key: str) -> float:
+    value = config.get(key, CONFIG[name][key])
+    assert value is not None, f"{name}: {key} is checked by check()"
+    return float(value)
 
 
 def compute(
@@ -53,14 +78,20 @@ def compute(
     if name == "cross_entropy":
         weights = inputs.get("weights", mask)
         loss, _ = get_policy_loss_fn("sft")(None, log_prob, None, mask, _AGG, None, weights)
+    elif name == "dro":
+        beta = _option(name, config, "beta")
+        penalty = (log_prob - inputs["logprobs"]) ** 2
+        loss = -((log_prob * inputs["advantages"] - 0.5 * beta * penalty) * mask).sum() / bs
     else:
-        if name == "ppo":
-            low = 1.0 - float(config.get("clip_low_threshold", 0.8))
-            high = float(config.get("clip_high_threshold", 1.2)) - 1.0
-            clip = {"clip_ratio_low": low, "clip_ratio_high": high, "clip_ratio_c": _OFF}
+        if name in ("ppo", "cispo"):  # Tinker's thresholds bound the ratio; ours are distances from 1
+            low = 1.0 - _option(name, config, "clip_low_threshold")
+            high = _option(name, config, "clip_high_threshold") - 1.0
+            clip = {"clip_ratio_low": low, "clip_ratio_high": high}
+            if name == "ppo":
+                clip["clip_ratio_c"] = _OFF
         else:
             clip = {"clip_ratio": _OFF, "clip_ratio_c": _OFF}
-        loss, _ = get_policy_loss_fn("ppo")(
+        loss, _ = get_policy_loss_fn("cispo" if name == "cispo" else "ppo")(
             inputs["logprobs"], log_prob, inputs["advantages"], mask, _AGG, clip
         )
     loss = loss * bs

@@ -85,6 +85,8 @@ def test_every_supported_route_through_the_sdk(tinker_url: str) -> None:
     for loss, extra in (
         ("importance_sampling", {}),
         ("ppo", {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}),
+        ("cispo", {}),
+        ("dro", {"beta": 0.1}),
     ):
         d = datum()
         n = len(TOKENS) - 1
@@ -92,8 +94,10 @@ def test_every_supported_route_through_the_sdk(tinker_url: str) -> None:
         d.loss_fn_inputs["logprobs"] = types.TensorData.from_numpy(trained.astype(np.float32))
         d.loss_fn_inputs["advantages"] = types.TensorData.from_numpy(np.full(n, 0.5, dtype=np.float32))
         out = tc.forward_backward([d], loss, loss_fn_config=extra or None).result()
-        # at ratio 1 both losses are -sum(A): the sampler's log-probs are the current ones
-        assert out.metrics["loss:sum"] == pytest.approx(-0.5 * n, rel=1e-4)
+        # at ratio 1 (the sampler's log-probs are the current ones) IS and PPO are -sum(A); CISPO and
+        # DRO weigh log p by A (the clip at 1 and the penalty at 0)
+        want = -0.5 * n if loss in ("importance_sampling", "ppo") else -0.5 * float(trained.sum())
+        assert out.metrics["loss:sum"] == pytest.approx(want, rel=1e-4)
 
 
 def test_errors_reach_the_sdk_clearly(tinker_url: str) -> None:
@@ -103,8 +107,8 @@ def test_errors_reach_the_sdk_clearly(tinker_url: str) -> None:
     with pytest.raises(tinker.RequestFailedError, match="base_model 'no-such-model' is neither"):
         sc.create_lora_training_client(base_model="no-such-model", rank=4).result()
     tc = sc.create_lora_training_client(base_model="tiny", rank=4).result()
-    with pytest.raises(tinker.RequestFailedError, match=r"loss_fn 'cispo' is not supported.*cross_entropy"):
-        tc.forward_backward([datum()], "cispo").result()
+    with pytest.raises(tinker.RequestFailedError, match=r"loss_fn 'gspo' is not supported.*cross_entropy"):
+        tc.forward_backward([datum()], "gspo").result()
     short = datum(weights=[1.0, 1.0])
     with pytest.raises(tinker.RequestFailedError, match=r"\['weights'\] has 2 values for 5 input tokens"):
         tc.forward_backward([short], "cross_entropy").result()

@@ -39,8 +39,22 @@ def test_losses_are_tinkers_formulas_summed_over_tokens() -> None:
     clipped = torch.minimum(a * ratio, a * ratio.clamp(0.9, 1.3))
     ppo, _ = losses.compute("ppo", {"clip_low_threshold": 0.9, "clip_high_threshold": 1.3}, lp, inp, mask)
     assert ppo.item() == pytest.approx((-clipped * mask).sum().item(), rel=1e-5)
-    with pytest.raises(losses.LossError, match="'dro' is not supported"):
+    # cispo: the clipped ratio is a constant weight on log p; defaults clip to [0, 4]
+    cispo, _ = losses.compute("cispo", {}, lp, inp, mask)
+    assert cispo.item() == pytest.approx((-ratio.clamp(0.0, 4.0) * a * lp * mask).sum().item(), rel=1e-5)
+    g = lp.clone().requires_grad_(True)
+    losses.compute("cispo", {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}, g, inp, mask)[
+        0
+    ].backward()
+    assert torch.allclose(g.grad, -ratio.clamp(0.9, 1.1) * a * mask, atol=1e-6)
+    dro, _ = losses.compute("dro", {"beta": 0.3}, lp, inp, mask)
+    want = -((lp * a - 0.15 * (lp - inp["logprobs"]) ** 2) * mask).sum()
+    assert dro.item() == pytest.approx(want.item(), rel=1e-5)
+    losses.check("cispo", {"clip_high_threshold": 2.0})
+    with pytest.raises(losses.LossError, match=r"'dro' needs \['beta'\]"):
         losses.check("dro", {})
+    with pytest.raises(losses.LossError, match="'gspo' is not supported"):
+        losses.check("gspo", {})
     with pytest.raises(losses.LossError, match=r"unknown keys \['beta'\]"):
         losses.check("ppo", {"beta": 1.0})
 
