@@ -51,6 +51,7 @@ from services.synchronizer.records import (
 )
 from services.synchronizer.rendezvous import Assignment, Rendezvous
 from services.synchronizer.settings import SynchronizerSettings
+from services.synchronizer.weight_tree import WeightTree
 from services.synchronizer.weights import StoredWeights, WeightDeltas
 from services.weight_sync import TensorSpec
 
@@ -73,6 +74,7 @@ class SynchronizerCore:
         self.finished = False
         self.weights: StoredWeights | None = None
         self.weight_deltas = WeightDeltas()  # memory: deltas from recently pulled versions to `weights`
+        self.tree = WeightTree(settings.tree_fanout)  # a pushed method's relay tree; fanout 0: star
         self.rendezvous = Rendezvous(
             backend=settings.backend, timeout_s=settings.sync_timeout, bucket_bytes=settings.bucket_bytes
         )
@@ -220,8 +222,10 @@ class SynchronizerCore:
         step: int = 0,
         model_version: int = 0,
         weight_sync_port: int = 0,
+        relay_address: str = "",
     ) -> Published:
-        """Join (or rejoin after a restart or LOST) the run."""
+        """Join (or rejoin after a restart or LOST) the run; `relay_address` ('' = none): the relay
+        this explorer serves to its children in the fan-out tree (`weight_sources`)."""
         if not member_id:
             raise InvalidArgument("member.member_id must not be empty")
         if workers < 0:
@@ -243,6 +247,7 @@ class SynchronizerCore:
                 member_id, role, MemberStatus.RUNNING, step, model_version, address, max(1, workers),
                 weight_sync_port, self.clock(), last_sync_step=step, seq=self._seq,
             )  # fmt: skip
+            self.tree.note(member_id, relay_address)
             self._record("register", member_id, model_version, step, role.name.lower())
             self._rebuild(f"{member_id} registered")
             self._cond.notify_all()
@@ -416,6 +421,12 @@ class SynchronizerCore:
                 m.status = MemberStatus.RUNNING
             return WaitResult(self.published, required, generation=gen)
         return None
+
+    def weight_sources(self, member_id: str) -> tuple[str, ...]:
+        """The relays `member_id` pulls a pushed version from, nearest first (empty: the synchronizer
+        only): its chain in the fan-out tree over the alive explorers that registered a relay, which
+        follows the members as they are now (a member that left or was lost frees its slot here)."""
+        return self.tree.sources(self.members.values(), member_id)
 
     # ---- both -------------------------------------------------------------------------------------
     async def report_sync(

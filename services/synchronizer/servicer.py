@@ -23,7 +23,6 @@ from services.synchronizer.core import SynchronizerCore
 from services.synchronizer.errors import InvalidArgument, NotRegistered, WrongState
 from services.synchronizer.members import MemberStatus, Role
 from services.synchronizer.records import Published
-from services.synchronizer.weight_tree import WeightTree
 from services.synchronizer.weights import PushAssembly
 from services.weight_sync import MissingChunkError, specs_from_proto
 from services.weight_sync.wire.chunks import parse_raw_chunk
@@ -59,8 +58,6 @@ class SynchronizerServicer(synchronizer_pb2_grpc.SynchronizerServiceServicer):
     def __init__(self, core: SynchronizerCore, on_shutdown: Callable[[], None] | None = None):
         self.core = core
         self.on_shutdown = on_shutdown
-        s = core.settings  # the fan-out tree of a pushed method (weight_tree.py); fanout 0: star
-        self.tree = WeightTree(s.tree_fanout)
 
     async def Register(self, request, context):
         m = request.member
@@ -69,10 +66,10 @@ class SynchronizerServicer(synchronizer_pb2_grpc.SynchronizerServiceServicer):
             return await self.core.register(
                 m.member_id, _role(m.role), address=m.address, workers=m.workers, step=m.step,
                 model_version=m.model_version, weight_sync_port=m.weight_sync_port,
+                relay_address=m.relay_address,
             )  # fmt: skip
 
         published = await _guard(context, call)
-        self.tree.note(m.member_id, m.relay_address)
         s = self.core.settings
         return synchronizer_pb2.RegisterResponse(
             model_version=_version(published),
@@ -144,7 +141,7 @@ class SynchronizerServicer(synchronizer_pb2_grpc.SynchronizerServiceServicer):
             model_version=_version(r.published), timed_out=r.timed_out, required_version=r.required,
             receive_broadcast=r.receive_broadcast, generation=r.generation,
             sync_method=self.core.settings.method.name, finished=r.finished,
-            weight_sources=self.tree.sources(self.core.members.values(), request.member_id),
+            weight_sources=self.core.weight_sources(request.member_id),
         )  # fmt: skip
 
     async def GetWeightSyncInfo(self, request, context):
