@@ -40,7 +40,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from services.synchronizer.errors import InvalidArgument, NotRegistered, WrongState
+from services.synchronizer.errors import InvalidArgument, NotKept, NotRegistered, WrongState
 from services.synchronizer.members import Event, Member, MemberStatus, Role
 from services.synchronizer.records import (
     Broadcast,
@@ -361,6 +361,17 @@ class SynchronizerCore:
             published = self._publish(weights.version, weights.step)
             self.weights = weights
             return published
+
+    async def pull_weights(self, version: int = 0, have_version: int | None = None) -> tuple[bytes, ...]:
+        """The chunks to stream for a pull of the kept weights (`version` 0: whichever is latest): the
+        whole version, or the cached delta from `have_version` when that one is kept (`WeightDeltas`)."""
+        stored = self.weights
+        if stored is None:
+            raise NotKept("no weights were pushed yet")
+        if version and version != stored.version:
+            raise NotKept(f"version {version} is not kept; the latest is {stored.version}")
+        chunks, _ = await self.weight_deltas.chunks_for(stored, have_version)
+        return chunks
 
     async def notify_checkpoint(self, version: int, step: int, path: str) -> Published:
         if not path:
