@@ -4,7 +4,9 @@ State: the members (`members.py`: one trainer, any number of explorers, each wit
 steps and the version it holds), the published `model_version` (monotonic; bumped only when the
 trainer's new weights are complete: a whole memory push, a checkpoint notice, or an nccl broadcast
 the trainer reports done), the sync plan (`services/common/config/sync_plan.py`), the memory method's latest weights
-(`weights.py`) and the nccl rendezvous with its generation (`rendezvous.py`).
+(`weights.py`: `pull_weights` answers a pull, the whole version or a cached delta), the pushed
+methods' fan-out tree (`weight_tree.py`: `register` notes a member's relay, `weight_sources` names its
+chain) and the nccl rendezvous with its generation (`rendezvous.py`).
 
 Weight-sync methods differ here only by their strategy's two traits (`services.weight_sync.
 method.SyncMethod`): `broadcast` (nccl: a group with ranks and generations, the ready handshake, and
