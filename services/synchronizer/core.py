@@ -4,7 +4,9 @@ State: the members (`members.py`: one trainer, any number of explorers, each wit
 steps and the version it holds), the published `model_version` (monotonic; bumped only when the
 trainer's new weights are complete: a whole memory push, a checkpoint notice, or an nccl broadcast
 the trainer reports done), the sync plan (`services/common/config/sync_plan.py`), the memory method's latest weights
-(`weights.py`) and the nccl rendezvous with its generation (`rendezvous.py`).
+(`weights.py`: `pull_weights` answers a pull, the whole version or a cached delta), the pushed
+methods' fan-out tree (`weight_tree.py`: `register` notes a member's relay, `weight_sources` names its
+chain) and the nccl rendezvous with its generation (`rendezvous.py`).
 
 Weight-sync methods differ here only by their strategy's two traits (`services.weight_sync.
 method.SyncMethod`): `broadcast` (nccl: a group with ranks and generations, the ready handshake, and
@@ -40,7 +42,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from services.synchronizer.errors import InvalidArgument, NotRegistered, WrongState
+from services.synchronizer.errors import InvalidArgument, NotKept, NotRegistered, WrongState
 from services.synchronizer.members import Event, Member, MemberStatus, Role
 from services.synchronizer.records import (
     Broadcast,
@@ -51,6 +53,7 @@ from services.synchronizer.records import (
 )
 from services.synchronizer.rendezvous import Assignment, Rendezvous
 from services.synchronizer.settings import SynchronizerSettings
+from services.synchronizer.weight_tree import WeightTree
 from services.synchronizer.weights import StoredWeights, WeightDeltas
 from services.weight_sync import TensorSpec
 
@@ -73,6 +76,7 @@ class SynchronizerCore:
         self.finished = False
         self.weights: StoredWeights | None = None
         self.weight_deltas = WeightDeltas()  # memory: deltas from recently pulled versions to `weights`
+        self.tree = WeightTree(settings.tree_fanout)  # a pushed method's relay tree; fanout 0: star
         self.rendezvous = Rendezvous(
             backend=settings.backend, timeout_s=settings.sync_timeout, bucket_bytes=settings.bucket_bytes
         )
@@ -220,8 +224,10 @@ class SynchronizerCore:
         step: int = 0,
         model_version: int = 0,
         weight_sync_port: int = 0,
+        relay_address: str = "",
     ) -> Published:
-        """Join (or rejoin after a restart or LOST) the run."""
+        """Join (or rejoin after a restart or LOST) the run; `relay_address` ('' = none): the relay
+        this explorer serves to its children in the fan-out tree (`weight_sources`)."""
         if not member_id:
             raise InvalidArgument("member.member_id must not be empty")
         if workers < 0:
@@ -243,6 +249,7 @@ class SynchronizerCore:
                 member_id, role, MemberStatus.RUNNING, step, model_version, address, max(1, workers),
                 weight_sync_port, self.clock(), last_sync_step=step, seq=self._seq,
             )  # fmt: skip
+            self.tree.note(member_id, relay_address)
             self._record("register", member_id, model_version, step, role.name.lower())
             self._rebuild(f"{member_id} registered")
             self._cond.notify_all()
@@ -357,6 +364,17 @@ class SynchronizerCore:
             self.weights = weights
             return published
 
+    async def pull_weights(self, version: int = 0, have_version: int | None = None) -> tuple[bytes, ...]:
+        """The chunks to stream for a pull of the kept weights (`version` 0: whichever is latest): the
+        whole version, or the cached delta from `have_version` when that one is kept (`WeightDeltas`)."""
+        stored = self.weights
+        if stored is None:
+            raise NotKept("no weights were pushed yet")
+        if version and version != stored.version:
+            raise NotKept(f"version {version} is not kept; the latest is {stored.version}")
+        chunks, _ = await self.weight_deltas.chunks_for(stored, have_version)
+        return chunks
+
     async def notify_checkpoint(self, version: int, step: int, path: str) -> Published:
         if not path:
             raise InvalidArgument("checkpoint_path must name the published state dict")
@@ -416,6 +434,12 @@ class SynchronizerCore:
                 m.status = MemberStatus.RUNNING
             return WaitResult(self.published, required, generation=gen)
         return None
+
+    def weight_sources(self, member_id: str) -> tuple[str, ...]:
+        """The relays `member_id` pulls a pushed version from, nearest first (empty: the synchronizer
+        only): its chain in the fan-out tree over the alive explorers that registered a relay, which
+        follows the members as they are now (a member that left or was lost frees its slot here)."""
+        return self.tree.sources(self.members.values(), member_id)
 
     # ---- both -------------------------------------------------------------------------------------
     async def report_sync(

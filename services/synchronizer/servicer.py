@@ -1,12 +1,14 @@
-"""gRPC adapter of the synchronizer: proto in, `SynchronizerCore` call, proto out.
+"""gRPC adapter of the synchronizer: proto in, `SynchronizerCore` call, proto out; it keeps no state
+(the members, the published version, the kept weights and the fan-out tree are the core's).
 
-Errors: NotRegistered -> NOT_FOUND (register again), WrongState -> FAILED_PRECONDITION,
-InvalidArgument and malformed chunk streams -> INVALID_ARGUMENT. Weights (memory method) never get
+Errors: NotRegistered -> NOT_FOUND (register again), NotKept -> NOT_FOUND (weights not pushed or not
+the latest), WrongState -> FAILED_PRECONDITION, InvalidArgument and malformed chunk streams ->
+INVALID_ARGUMENT. Weights (memory method) never get
 decoded here: `PushWeights` reads each received `WeightChunk`'s fields straight from its wire bytes
 (`parse_raw_chunk`, the data is never copied) and keeps those bytes, and
 `PullWeights` streams those bytes back unchanged (custom (de)serializers in `add_to_server`), so
 chunks go out exactly as the trainer cut them (`PullWeightsRequest.chunk_bytes` is not applied),
-or, for a receiver whose `have_version` is kept, the chunks of the cached delta (`weights.WeightDeltas`).
+or, for a receiver whose `have_version` is kept, the chunks of the cached delta (`core.pull_weights`).
 """
 
 from __future__ import annotations
@@ -20,10 +22,9 @@ from rft.v1 import common_pb2, synchronizer_pb2, synchronizer_pb2_grpc
 
 from services.common.rpc.errors import ErrorMap, Rule
 from services.synchronizer.core import SynchronizerCore
-from services.synchronizer.errors import InvalidArgument, NotRegistered, WrongState
+from services.synchronizer.errors import InvalidArgument, NotKept, NotRegistered, WrongState
 from services.synchronizer.members import MemberStatus, Role
 from services.synchronizer.records import Published
-from services.synchronizer.weight_tree import WeightTree
 from services.synchronizer.weights import PushAssembly
 from services.weight_sync import MissingChunkError, specs_from_proto
 from services.weight_sync.wire.chunks import parse_raw_chunk
@@ -33,7 +34,7 @@ RawChunk = tuple[Any, bytes]  # (the parsed fields, the wire bytes)
 
 
 ERRORS = ErrorMap(  # services/common/rpc/errors.py
-    Rule(NotRegistered, grpc.StatusCode.NOT_FOUND),
+    Rule((NotRegistered, NotKept), grpc.StatusCode.NOT_FOUND),
     Rule(WrongState, grpc.StatusCode.FAILED_PRECONDITION),
     Rule((InvalidArgument, MissingChunkError, ValueError), grpc.StatusCode.INVALID_ARGUMENT),
 )
@@ -48,6 +49,11 @@ def _status(value: int) -> MemberStatus | None:
     return MemberStatus(value) if value else None
 
 
+def _timeout_s(request) -> float | None:
+    """The request's `timeout_ms` in seconds; 0 (unset) or less: None, the core's `sync_timeout`."""
+    return request.timeout_ms / 1000 if request.timeout_ms > 0 else None
+
+
 def _role(value: int) -> Role:
     try:
         return Role(value)
@@ -59,8 +65,6 @@ class SynchronizerServicer(synchronizer_pb2_grpc.SynchronizerServiceServicer):
     def __init__(self, core: SynchronizerCore, on_shutdown: Callable[[], None] | None = None):
         self.core = core
         self.on_shutdown = on_shutdown
-        s = core.settings  # the fan-out tree of a pushed method (weight_tree.py); fanout 0: star
-        self.tree = WeightTree(s.tree_fanout)
 
     async def Register(self, request, context):
         m = request.member
@@ -69,10 +73,10 @@ class SynchronizerServicer(synchronizer_pb2_grpc.SynchronizerServiceServicer):
             return await self.core.register(
                 m.member_id, _role(m.role), address=m.address, workers=m.workers, step=m.step,
                 model_version=m.model_version, weight_sync_port=m.weight_sync_port,
+                relay_address=m.relay_address,
             )  # fmt: skip
 
         published = await _guard(context, call)
-        self.tree.note(m.member_id, m.relay_address)
         s = self.core.settings
         return synchronizer_pb2.RegisterResponse(
             model_version=_version(published),
@@ -125,7 +129,7 @@ class SynchronizerServicer(synchronizer_pb2_grpc.SynchronizerServiceServicer):
         )  # fmt: skip
 
     async def RequestSync(self, request, context):
-        timeout = request.timeout_ms / 1000 if request.timeout_ms > 0 else None
+        timeout = _timeout_s(request)
         d = await _guard(
             context,
             lambda: self.core.request_sync(request.member_id, request.step, request.version, timeout),
@@ -135,7 +139,7 @@ class SynchronizerServicer(synchronizer_pb2_grpc.SynchronizerServiceServicer):
         )
 
     async def WaitForVersion(self, request, context):
-        timeout = request.timeout_ms / 1000 if request.timeout_ms > 0 else None
+        timeout = _timeout_s(request)
         r = await _guard(
             context,
             lambda: self.core.wait_for_version(request.member_id, request.min_version, request.step, timeout),
@@ -144,7 +148,7 @@ class SynchronizerServicer(synchronizer_pb2_grpc.SynchronizerServiceServicer):
             model_version=_version(r.published), timed_out=r.timed_out, required_version=r.required,
             receive_broadcast=r.receive_broadcast, generation=r.generation,
             sync_method=self.core.settings.method.name, finished=r.finished,
-            weight_sources=self.tree.sources(self.core.members.values(), request.member_id),
+            weight_sources=self.core.weight_sources(request.member_id),
         )  # fmt: skip
 
     async def GetWeightSyncInfo(self, request, context):
@@ -171,16 +175,8 @@ class SynchronizerServicer(synchronizer_pb2_grpc.SynchronizerServiceServicer):
         )
 
     async def PullWeights(self, request, context):
-        stored = self.core.weights
-        if stored is None:
-            await context.abort(grpc.StatusCode.NOT_FOUND, "no weights were pushed yet")
-        if request.version and request.version != stored.version:
-            await context.abort(
-                grpc.StatusCode.NOT_FOUND,
-                f"version {request.version} is not kept; the latest is {stored.version}",
-            )
         have = request.have_version if request.HasField("have_version") else None
-        chunks, _ = await self.core.weight_deltas.chunks_for(stored, have)
+        chunks = await _guard(context, lambda: self.core.pull_weights(request.version, have))
         for raw in chunks:
             yield raw
 

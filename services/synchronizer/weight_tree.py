@@ -6,9 +6,13 @@ an explorer's `WaitForVersion` names its chain of relays, nearest first (`weight
 from the first that delivers and from the synchronizer when they all fail. Explorers without a relay,
 and every explorer with `fanout: 0`, pull from the synchronizer (an empty chain: star).
 
-The tree is kept over the alive explorers with a relay, in registration order (`TreeSlots`: a joiner
-takes the first free slot, a member that left or was lost frees its slot, nobody else moves), so a
-membership change moves only the member that changed; an explorer that registers again keeps its slot.
+`SynchronizerCore` owns the tree: its `register` notes each member's relay and its `weight_sources`
+asks for a chain. The tree is kept over the alive explorers with a relay, in registration order
+(`TreeSlots`: a joiner takes the first free slot, a member that left or was lost frees its slot,
+nobody else moves), so a membership change moves only the member that changed; an explorer that
+registers again keeps its slot. Slots follow the members as they are when a chain is asked for
+(`sources` syncs them), so a member that left or was lost frees its slot then, with no call from
+the paths that drop it.
 """
 
 from __future__ import annotations

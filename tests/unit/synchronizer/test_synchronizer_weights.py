@@ -1,13 +1,21 @@
 """`WeightDeltas`, the synchronizer's delta cache: which pulls get a delta, the bound on kept versions,
-one computation per (base, latest) pair for concurrent pulls, and a full payload when the tensors differ."""
+one computation per (base, latest) pair for concurrent pulls, and a full payload when the tensors differ;
+the core's `pull_weights` in front of it (only the latest pushed version is kept)."""
 
 from __future__ import annotations
 
 import asyncio
 
+import grpc
+import pytest
 import torch
 
+from services.synchronizer.core import SynchronizerCore
+from services.synchronizer.errors import NotKept
+from services.synchronizer.servicer import ERRORS
+from services.synchronizer.settings import SynchronizerSettings
 from services.synchronizer.weights import PushAssembly, StoredWeights, WeightDeltas
+from services.weight_sync import sync_method
 from services.weight_sync.wire.chunks import encode_raw_chunks, join_raw_chunks, parse_raw_chunk
 from services.weight_sync.wire.codec import decode_state_dict
 from services.weight_sync.wire.delta import apply_delta
@@ -76,3 +84,18 @@ async def test_different_tensors_or_a_big_delta_send_the_payload():
     assert (await deltas.chunks_for(b, 1))[1] is False
     assert (await deltas.chunks_for(c, 2))[1] is False
     assert deltas.bytes_delta == 0 and deltas.bytes_full == 3 * a.total_bytes
+
+
+async def test_the_core_pulls_only_the_latest_pushed_version():
+    core = SynchronizerCore(SynchronizerSettings(method=sync_method("memory")))
+    with pytest.raises(NotKept, match="no weights were pushed yet"):
+        await core.pull_weights()
+    states = versions(2)
+    first = stored(states[0], 1)
+    await core.publish_memory(first)
+    assert await core.pull_weights() == await core.pull_weights(1) == first.chunks
+    await core.publish_memory(stored(states[1], 2))
+    with pytest.raises(NotKept, match="version 1 is not kept; the latest is 2") as err:
+        await core.pull_weights(1)
+    assert ERRORS.status_of(err.value) == (grpc.StatusCode.NOT_FOUND, str(err.value))
+    assert await core.pull_weights(2, have_version=1) != core.weights.chunks  # the cached delta
