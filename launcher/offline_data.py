@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -27,8 +26,8 @@ import torch
 
 from services.common.buffer_client import BufferClient
 from services.common.config import FormatConfig, RFTConfig, resolve
+from services.common.data_files import DataFileError, load_data
 from services.common.experience import Experience, ExperienceId
-from services.common.json_rows import JsonRowsError, datasets_available, read_json_rows
 from services.common.modeling import load_tokenizer
 from services.common.rpc import create_channel
 
@@ -40,34 +39,12 @@ class OfflineDataError(ValueError):
 
 
 def load_rows(path: str, split: str = "train") -> list[dict[str, Any]]:
-    """Rows of a jsonl/json/parquet file or a `datasets` folder (the same reader as tasksets; a jsonl/json
-    file reads without `datasets` where it is not installed)."""
-    p = Path(path)
-    if not p.exists():
-        raise OfflineDataError(f"offline data {path!r} does not exist")
-    if not datasets_available():
-        try:
-            return read_json_rows(p)
-        except (JsonRowsError, OSError) as exc:
-            raise OfflineDataError(f"cannot read offline data {path!r}: {exc}") from None
-    import datasets
-    from datasets import load_dataset, load_from_disk
-
-    datasets.disable_progress_bars()
+    """Rows of a jsonl/json/parquet/csv file or a `datasets` folder (the same reader as tasksets,
+    `services.common.data_files`; a jsonl/json file reads without `datasets` where it is not installed)."""
     try:
-        if p.is_file():
-            kind = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}.get(
-                p.suffix, "json"
-            )
-            data = load_dataset(kind, data_files=str(p), split="train")
-        elif (p / "dataset_info.json").is_file() or (p / "dataset_dict.json").is_file():
-            data = load_from_disk(str(p))
-            data = data[split] if hasattr(data, "keys") else data
-        else:  # a folder of data files named by split (train.jsonl, test-*.parquet, ...)
-            data = load_dataset(str(p), split=split)
-    except Exception as exc:  # datasets raises many kinds
-        raise OfflineDataError(f"cannot read offline data {path!r}: {exc}") from None
-    return [dict(r) for r in data]
+        return [dict(r) for r in load_data(path, split, what="offline data")]
+    except DataFileError as exc:
+        raise OfflineDataError(str(exc)) from None
 
 
 def _text(value: Any) -> str:

@@ -31,6 +31,7 @@ from services.buffer.records import (
     LeaseOutcome,
     LeaseRequest,
     OpenOutcome,
+    OpenRequest,
     PutOutcome,
     StoreStats,
     ValidationError,
@@ -276,7 +277,7 @@ class BufferCore:
         if set(ack_lease_ids) & set(keep_lease_ids):
             raise ValidationError("keep_lease_ids", "names a lease that ack_lease_ids acks")
         outcome = await self.store.open_consumer(
-            self._group(consumer_group), consumer, list(ack_lease_ids), list(keep_lease_ids)
+            OpenRequest(self._group(consumer_group), consumer, list(ack_lease_ids), list(keep_lease_ids))
         )
         self._notify()
         return outcome

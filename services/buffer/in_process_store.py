@@ -19,6 +19,7 @@ from services.buffer.records import (
     LeaseOutcome,
     LeaseRequest,
     OpenOutcome,
+    OpenRequest,
     StoreStats,
     add_versions,
     check_epoch,
@@ -140,19 +141,14 @@ class InProcessStore(AdmittingStore):
         """See `records.check_epoch`."""
         check_epoch(state.epochs.get(consumer, 0), epoch, group, consumer, must_be_open=must_be_open)
 
-    async def open_consumer(
-        self,
-        consumer_group: str,
-        consumer: str,
-        ack_lease_ids: Sequence[str],
-        keep_lease_ids: Sequence[str] = (),
-    ) -> OpenOutcome:
+    async def open_consumer(self, request: OpenRequest) -> OpenOutcome:
+        consumer_group, consumer = request.consumer_group, request.consumer
         state = self._group(consumer_group, create=True)
         self._expire(state, consumer_group)
         epoch = state.epochs.get(consumer, 0) + 1
         state.epochs[consumer] = epoch
-        wanted, acked, released, back = set(ack_lease_ids), 0, 0, []
-        keep = set(keep_lease_ids)
+        wanted, acked, released, back = set(request.ack_lease_ids), 0, 0, []
+        keep = set(request.keep_lease_ids)
         for lease_id, lease in list(state.leases.items()):
             if lease.consumer != consumer:
                 continue

@@ -233,6 +233,16 @@ class LeaseOutcome:
 
 
 @dataclass(frozen=True)
+class OpenRequest:
+    """A consumer (re)starting (`Store.open_consumer`): the leases it names to ack or to keep."""
+
+    consumer_group: str
+    consumer: str
+    ack_lease_ids: Sequence[str] = ()
+    keep_lease_ids: Sequence[str] = ()
+
+
+@dataclass(frozen=True)
 class OpenOutcome:
     epoch: int
     acked: int = 0  # experiences acked from the named leases

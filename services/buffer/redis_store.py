@@ -23,6 +23,7 @@ from services.buffer.records import (
     LeaseOutcome,
     LeaseRequest,
     OpenOutcome,
+    OpenRequest,
     PutOutcome,
     StoreStats,
     check_epoch,
@@ -172,15 +173,10 @@ class RedisStore:
     async def nack(self, consumer_group: str, lease_id: str, epoch: int = 0, consumer: str = "") -> int:
         return await self._settle(consumer_group, lease_id, "nack", epoch, consumer)
 
-    async def open_consumer(
-        self,
-        consumer_group: str,
-        consumer: str,
-        ack_lease_ids: Sequence[str],
-        keep_lease_ids: Sequence[str] = (),
-    ) -> OpenOutcome:
-        args = [consumer_group, consumer, len(ack_lease_ids), *ack_lease_ids, *keep_lease_ids]
-        res = await self._run("OPEN", self._group_keys(consumer_group), args)
+    async def open_consumer(self, request: OpenRequest) -> OpenOutcome:
+        ack, keep = request.ack_lease_ids, request.keep_lease_ids
+        args = [request.consumer_group, request.consumer, len(ack), *ack, *keep]
+        res = await self._run("OPEN", self._group_keys(request.consumer_group), args)
         epoch, acked, released = (int(x) for x in res)  # type: ignore[union-attr]
         return OpenOutcome(epoch=epoch, acked=acked, released=released)
 

@@ -26,6 +26,7 @@ from services.buffer.records import (
     LeaseOutcome,
     LeaseRequest,
     OpenOutcome,
+    OpenRequest,
     StoreStats,
     add_versions,
     check_epoch,
@@ -127,22 +128,17 @@ class ReplayStore(AdmittingStore):
             exp.use_count = item.use_count
         return b"".join(encode_member(exp) for exp in msg.experiences)
 
-    async def open_consumer(
-        self,
-        consumer_group: str,
-        consumer: str,
-        ack_lease_ids: Sequence[str],
-        keep_lease_ids: Sequence[str] = (),
-    ) -> OpenOutcome:
+    async def open_consumer(self, request: OpenRequest) -> OpenOutcome:
+        consumer_group, consumer = request.consumer_group, request.consumer
         self._expire()
         epoch = self._epochs.get(consumer, 0) + 1
         self._epochs[consumer] = epoch
         acked = released = 0
         for lease_id in [lid for lid, lease in self._leases.items() if lease.consumer == consumer]:
             lease = self._leases[lease_id]
-            if lease_id in keep_lease_ids:
+            if lease_id in request.keep_lease_ids:
                 lease.epoch = epoch
-            elif lease_id in ack_lease_ids:
+            elif lease_id in request.ack_lease_ids:
                 acked += await self.ack(consumer_group, lease_id, lease.epoch)
             else:
                 released += await self.nack(consumer_group, lease_id, lease.epoch)

@@ -31,6 +31,7 @@ from services.buffer.records import (
     LeaseOutcome,
     LeaseRequest,
     OpenOutcome,
+    OpenRequest,
     PutOutcome,
     StoreStats,
 )
@@ -65,15 +66,9 @@ class Store(Protocol):
     async def nack(self, consumer_group: str, lease_id: str, epoch: int = 0, consumer: str = "") -> int:
         """Give the lease's experiences back for redelivery; returns how many. Raises `LeaseError`."""
 
-    async def open_consumer(
-        self,
-        consumer_group: str,
-        consumer: str,
-        ack_lease_ids: Sequence[str],
-        keep_lease_ids: Sequence[str] = (),
-    ) -> OpenOutcome:
-        """Fence older holders of `consumer`, ack `ack_lease_ids`, keep `keep_lease_ids` under the new
-        epoch, requeue its other leases."""
+    async def open_consumer(self, request: OpenRequest) -> OpenOutcome:
+        """Fence older holders of `request.consumer`, ack its `ack_lease_ids`, keep its `keep_lease_ids`
+        under the new epoch, requeue its other leases."""
 
     async def accepted_uids(self, start: int = 0, count: int = -1) -> list[str]:
         """The accepted log from `start` (`count` -1: to the end)."""

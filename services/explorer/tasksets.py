@@ -12,19 +12,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from services.common.config import TasksetConfig
-from services.common.json_rows import JsonRowsError, datasets_available, read_json_rows
+from services.common.data_files import DataFileError, load_data
 from services.common.log import get_logger
 from services.common.taskset_sources import FILE_SOURCE, TasksetSourceError, source_rows
 from services.explorer.tasks import BadRow, check_row
 
 log = get_logger("explorer.tasksets")
-FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
 class TasksetError(RuntimeError):
@@ -33,41 +31,11 @@ class TasksetError(RuntimeError):
 
 def load_rows(path: str, split: str = "train", subset_name: str | None = None) -> Any:
     """A `datasets.Dataset` for a file, a `save_to_disk` folder (Dataset or DatasetDict) or a data folder;
-    where `datasets` is not installed, a jsonl/json file's rows as a list (`services.common.json_rows`)."""
-    p = Path(path).expanduser()
-    if not p.exists():
-        raise TasksetError(f"taskset path {path!r} does not exist")
-    if not datasets_available():
-        try:
-            return read_json_rows(p)
-        except (JsonRowsError, OSError) as exc:
-            raise TasksetError(f"cannot read taskset {path!r}: {exc}") from None
-    import datasets
-
-    datasets.disable_progress_bars()
+    where `datasets` is not installed, a jsonl/json file's rows as a list (`services.common.data_files`)."""
     try:
-        if p.is_file():
-            builder = FILE_BUILDERS.get(p.suffix.lower())
-            if builder is None:
-                raise TasksetError(
-                    f"{path}: unknown file type {p.suffix!r}; use one of {', '.join(FILE_BUILDERS)}"
-                )
-            return datasets.load_dataset(builder, data_files=str(p), split="train")
-        if subset_name and (p / subset_name).is_dir():
-            p = p / subset_name
-        if (p / "dataset_info.json").is_file() or (p / "dataset_dict.json").is_file():
-            loaded = datasets.load_from_disk(str(p))
-            if isinstance(loaded, datasets.DatasetDict):
-                if split not in loaded:
-                    raise TasksetError(f"{path}: no split {split!r} (has: {', '.join(loaded)})")
-                return loaded[split]
-            return loaded
-        return datasets.load_dataset(str(p), name=subset_name, split=split)
-    except TasksetError:
-        raise
-    except Exception as exc:  # datasets raises many types on malformed files; report them plainly
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise TasksetError(f"cannot read taskset {path!r}: {type(exc).__name__}: {first}") from None
+        return load_data(path, split, subset_name, what="taskset")
+    except DataFileError as exc:
+        raise TasksetError(str(exc)) from None
 
 
 def taskset_rows(config: TasksetConfig, where: str = "taskset") -> Any:

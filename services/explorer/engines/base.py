@@ -84,6 +84,26 @@ class RolloutEngine(Protocol):
     async def close(self) -> None: ...
 
 
+class EngineState:
+    """The part of `RolloutEngine` every engine keeps alike: it sets `_version` (the weights' version),
+    `_tokenizer` and `_stats` (the cumulative counters), and these answer from them."""
+
+    _version: int
+    _tokenizer: Any
+    _stats: dict[str, float]
+
+    @property
+    def model_version(self) -> int:
+        return self._version
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    def stats(self) -> dict[str, float]:
+        return dict(self._stats)
+
+
 def per_prompt_params(
     prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
 ) -> list[SamplingParams]:

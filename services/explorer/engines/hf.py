@@ -31,12 +31,12 @@ import torch
 from services.common.config import InferenceModelConfig
 from services.common.gpu_memory import cap_cuda_memory
 from services.common.modeling import load_model, load_tokenizer, resolve_dtype
-from services.explorer.engines.base import GenerationOutput, SamplingParams, per_prompt_params
+from services.explorer.engines.base import EngineState, GenerationOutput, SamplingParams, per_prompt_params
 from services.explorer.engines.hf_generate import HFGenerator, Row
 from services.weight_sync import load_weights
 
 
-class HFEngine:
+class HFEngine(EngineState):
     """A transformers causal LM as a rollout engine (CPU or CUDA)."""
 
     # `generate` takes `on_token` (streaming) and `top_logprobs` (the served endpoint checks these)
@@ -131,19 +131,8 @@ class HFEngine:
         )
 
     @property
-    def model_version(self) -> int:
-        return self._version
-
-    @property
-    def tokenizer(self) -> Any:
-        return self._tokenizer
-
-    @property
     def vocab_size(self) -> int:
         return int(self.model.config.vocab_size)
-
-    def stats(self) -> dict[str, float]:
-        return dict(self._stats)
 
     def set_inflight_updates(self, enabled: bool) -> None:
         """Apply weight loads between decode steps of a running batch (module docstring)."""

@@ -49,7 +49,7 @@ import torch
 
 from services.common.config import InferenceModelConfig
 from services.common.modeling import load_tokenizer
-from services.explorer.engines.base import GenerationOutput, SamplingParams, per_prompt_params
+from services.explorer.engines.base import EngineState, GenerationOutput, SamplingParams, per_prompt_params
 from services.explorer.engines.weights_shm import (
     SharedWeights,
     remove_shared_weights,
@@ -172,7 +172,7 @@ class _Sample:
     text: str
 
 
-class VLLMEngine:
+class VLLMEngine(EngineState):
     """One vLLM AsyncLLM (`tensor_parallel_size` workers) behind the RolloutEngine contract."""
 
     def __init__(
@@ -240,19 +240,8 @@ class VLLMEngine:
         return cls(llm, tokenizer, name=f"vllm-{index}", workers=tp, sleep_mode=cfg.enable_sleep_mode)
 
     @property
-    def model_version(self) -> int:
-        return self._version
-
-    @property
-    def tokenizer(self) -> Any:
-        return self._tokenizer
-
-    @property
     def vocab_size(self) -> int:
         return self._vocab_size
-
-    def stats(self) -> dict[str, float]:
-        return dict(self._stats)
 
     def set_inflight_updates(self, enabled: bool) -> None:
         """Load weights between decode steps of running requests (module docstring)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from services.buffer.records import ConsumerNotOpen, FencedError, LeaseError, LeaseRequest
+from services.buffer.records import ConsumerNotOpen, FencedError, LeaseError, LeaseRequest, OpenRequest
 from services.common.lineage import experience_uid
 from tests.support.buffer_data import decode_uids, group, records
 
@@ -19,12 +19,12 @@ def req(size: int, epoch: int, *, consumer: str = "trainer", lease_ms: int = 1) 
 
 async def test_takeover_acks_covered_leases_and_redelivers_the_rest_in_order(store):
     await store.put(records(group("a", 2), group("b", 2), group("c", 2), group("d", 2)))
-    first = await store.open_consumer("g", "trainer", [])
+    first = await store.open_consumer(OpenRequest("g", "trainer"))
     assert first.epoch == 1 and first.acked == first.released == 0
     leases = [await store.lease(req(2, first.epoch)) for _ in range(3)]
     assert all(out.committed for out in leases)
     # the restarted trainer's checkpoint holds the first lease's step; the other two were not durable
-    second = await store.open_consumer("g", "trainer", [leases[0].lease_id])
+    second = await store.open_consumer(OpenRequest("g", "trainer", [leases[0].lease_id]))
     assert (second.epoch, second.acked, second.released) == (2, 2, 4)
     again = await store.lease(req(6, second.epoch))
     # redeliveries first, in stream order, then the unread group
@@ -38,9 +38,9 @@ async def test_takeover_acks_covered_leases_and_redelivers_the_rest_in_order(sto
 
 async def test_stale_epoch_is_fenced_everywhere(store):
     await store.put(records(group("a", 2), group("b", 2)))
-    old = await store.open_consumer("g", "trainer", [])
+    old = await store.open_consumer(OpenRequest("g", "trainer"))
     lease = await store.lease(req(2, old.epoch))
-    new = await store.open_consumer("g", "trainer", [])
+    new = await store.open_consumer(OpenRequest("g", "trainer"))
     with pytest.raises(FencedError):
         await store.lease(req(2, old.epoch))
     with pytest.raises((FencedError, LeaseError)):  # the lease went back for redelivery
@@ -53,10 +53,10 @@ async def test_stale_epoch_is_fenced_everywhere(store):
 
 async def test_fenced_leases_never_expire(store):
     await store.put(records(group("a", 2)))
-    opened = await store.open_consumer("g", "trainer", [])
+    opened = await store.open_consumer(OpenRequest("g", "trainer"))
     lease = await store.lease(req(2, opened.epoch, lease_ms=1))
     assert lease.committed and lease.deadline_ms == 0
-    other = await store.open_consumer("g", "other", [])
+    other = await store.open_consumer(OpenRequest("g", "other"))
     assert not (await store.lease(req(2, other.epoch, consumer="other"))).committed
     assert await store.ack("g", lease.lease_id, opened.epoch) == 2
 
@@ -69,11 +69,11 @@ async def test_unknown_epoch_is_not_open(store):
 
 async def test_takeover_leaves_other_consumers_alone(store):
     await store.put(records(group("a", 2), group("b", 2)))
-    mine = await store.open_consumer("g", "trainer", [])
-    theirs = await store.open_consumer("g", "other", [])
+    mine = await store.open_consumer(OpenRequest("g", "trainer"))
+    theirs = await store.open_consumer(OpenRequest("g", "other"))
     held = await store.lease(req(2, theirs.epoch, consumer="other"))
     await store.lease(req(2, mine.epoch))
-    reopened = await store.open_consumer("g", "trainer", [])
+    reopened = await store.open_consumer(OpenRequest("g", "trainer"))
     assert reopened.released == 2
     assert await store.ack("g", held.lease_id, theirs.epoch) == 2
 
@@ -90,10 +90,10 @@ async def test_accepted_log_lists_every_accepted_uid(store):
 
 async def test_reopen_keeping_held_leases_gives_back_only_the_lost_one(store):
     await store.put(records(group("a", 2), group("b", 2)))
-    first = await store.open_consumer("g", "trainer", [])
+    first = await store.open_consumer(OpenRequest("g", "trainer"))
     held = await store.lease(req(2, first.epoch))
     lost = await store.lease(req(2, first.epoch))  # its reply never reached the consumer
-    again = await store.open_consumer("g", "trainer", [], [held.lease_id])
+    again = await store.open_consumer(OpenRequest("g", "trainer", keep_lease_ids=[held.lease_id]))
     assert (again.epoch, again.acked, again.released) == (2, 0, 2)
     redelivered = await store.lease(req(2, again.epoch))
     assert decode_uids(redelivered.payloads) == decode_uids(lost.payloads)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.buffer.records import LeaseError, LeaseRequest
+from services.buffer.records import LeaseError, LeaseRequest, OpenRequest
 from services.buffer.replay_store import ReplayStore
 from tests.support.buffer_data import decode_uids, group, records
 
@@ -70,3 +70,17 @@ async def test_no_reuse_without_cooldown_and_lease_errors():
     assert not (await store.lease(req(1))).committed
     with pytest.raises(LeaseError):
         await store.nack("g", out.lease_id)
+
+
+async def test_open_consumer_acks_keeps_and_gives_back_its_leases():
+    store = ReplayStore(100, reuse_cooldown_s=None)
+    await store.put(records(group("a", 2), group("b", 2), group("c", 2)))
+    first = await store.open_consumer(OpenRequest("g", "c"))
+    acked, kept, lost = [
+        await store.lease(LeaseRequest("g", "c", 2, 0, 60_000, True, first.epoch)) for _ in "abc"
+    ]
+    again = await store.open_consumer(OpenRequest("g", "c", [acked.lease_id], [kept.lease_id]))
+    assert (again.epoch, again.acked, again.released) == (2, 2, 2)
+    back = await store.lease(LeaseRequest("g", "c", 2, 0, 60_000, True, again.epoch))
+    assert decode_uids(back.payloads) == decode_uids(lost.payloads)
+    assert await store.ack("g", kept.lease_id, again.epoch) == 2  # moved to the new epoch
