@@ -5,11 +5,13 @@ so a long generation keeps the old weights to its end. With them:
 
 - every rollout engine is switched to in-flight loads (`enable_inflight`: a load lands between decode
   steps of the running requests, and each token records the version that sampled it);
-- `InflightFollower`, a background task beside the steps, waits on the synchronizer for the next
+- `InflightFollower`, a background task beside the steps, runs the member's follow loop
+  (`services.weight_sync.member.follow.follow_versions`): it waits on the synchronizer for the next
   version the trainer publishes (`WaitForVersion` with `min_version` = held + `sync_interval`, so it
   never asks for a publish the plan would not make anyway) and fetches and loads it at once, through
   the same fetch as the gate (memory: pull; checkpoint: read; nccl: join the broadcast it is told
-  of, so the trainer's broadcast need not wait for this explorer's step boundary), then reports it;
+  of, so the trainer's broadcast need not wait for this explorer's step boundary), then reports it.
+  It leaves re-registering to the gate; a load that fails is reported and it goes on;
 - `serialised(fetch, held)` makes the gate and the follower share one fetch: one load at a time, and a
   version already held is not fetched twice.
 
@@ -23,12 +25,9 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import grpc
-
 from services.common.experience import Experience
 from services.common.log import get_logger
-from services.weight_sync import GroupBrokenError, StaleGenerationError
-from services.weight_sync.member.away import Backoff
+from services.weight_sync.member.follow import follow_versions
 from services.weight_sync.method import Fetch, SyncMethod, WaitAnswer
 
 log = get_logger("explorer.inflight")
@@ -94,40 +93,13 @@ class InflightFollower:
             await asyncio.gather(task, return_exceptions=True)
 
     async def _follow(self) -> None:
-        backoff = Backoff()
-        while True:
-            try:
-                answer = await self.client.wait_for_version(
-                    min_version=self.held() + self.interval, timeout_s=self.timeout_s
-                )
-            except grpc.aio.AioRpcError as exc:  # synchronizer away or restarting: the gate re-registers
-                log.debug("in-flight wait failed", code=exc.code().name)
-                await backoff.wait()
-                continue
-            backoff.reset()
-            if answer.finished:
-                return
-            if answer.timed_out or not self.method.wants(answer, self.held()):
-                continue
-            try:
-                await self._load(answer)
-            except grpc.aio.AioRpcError as exc:  # the report did not go out; the gate's next ask tells
-                log.warning("in-flight load report failed", code=exc.code().name)
+        def loaded(_version: int) -> None:
+            self.loads += 1
 
-    async def _load(self, answer: WaitAnswer) -> None:
-        offered = int(answer.model_version.version)
-        try:
-            loaded = await self.fetch(answer)
-        except (GroupBrokenError, StaleGenerationError) as exc:  # the group changed: the next one comes
-            await self.client.report_load(offered, False, answer.generation, f"{type(exc).__name__}: {exc}")
-            return
-        except Exception as exc:
-            log.warning("in-flight weight load failed", version=offered, error=f"{type(exc).__name__}: {exc}")
-            await self.client.report_load(offered, False, answer.generation, f"{type(exc).__name__}: {exc}")
-            return
-        self.loads += 1
-        await self.client.report_load(loaded, True, answer.generation)
-        log.info("in-flight weights loaded", version=loaded)
+        await follow_versions(
+            self.client, self.fetch, self.method, self.held,
+            timeout_s=self.timeout_s, step=self.interval, errors="report", on_loaded=loaded, log=log,
+        )  # fmt: skip
 
 
 def inflight_metrics(experiences: Sequence[Experience], updates: float) -> dict[str, float]:

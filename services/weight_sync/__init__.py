@@ -23,7 +23,8 @@ imports it, and it imports no service (tests/unit/common/test_conventions.py). L
                   `fetch` (the explorer's fetch through its relay).
 - `member/`       a member's side of the synchronizer: `client` (`SyncClient`), `away` (back off or
                   register again), `superseded` (a join that gives up on a stale generation),
-                  `trainer_hook` (`TrainerSyncHook`), `explorer_gate` (`ExplorerSyncGate`).
+                  `trainer_hook` (`TrainerSyncHook`), `explorer_gate` (`ExplorerSyncGate`), `follow`
+                  (`follow_versions`: the in-flight follower's and serve mode's loop).
 """
 
 from services.weight_sync.errors import (

@@ -1,6 +1,14 @@
 """The serve-mode pieces of the explorer service: the endpoint built over the explorer's engines and
 sink, and the task that replaces exploring (take new weights until the run finishes, then stop).
 
+`follow_run` replaces the explore loop's sync gate in serve mode: there are no explore steps, so it
+runs the member's follow loop (`services.weight_sync.member.follow.follow_versions`) for any version
+newer than the one it holds (`WaitForVersion` with `min_version` = held + 1, held counted from the
+client's version), fetched with the run's `sync_method` (the gate's fetch), loaded into the engines
+between generations and reported. A synchronizer that is away is waited for (one that forgot this
+member is registered with again); any other error ends serving. It returns when the run finished
+(the trainer reached its `total_steps`).
+
 `mode: serve` starts the endpoint and `follow_run`; `explorer.rollout_model.enable_openai_api` in
 another mode starts only the endpoint, next to the usual explore loop (its committed sessions join
 the buffer with the workflows' experiences).
@@ -9,6 +17,7 @@ the buffer with the workflows' experiences).
 from __future__ import annotations
 
 import asyncio
+import functools
 from pathlib import Path
 
 from services.common.app import stop_service
@@ -16,10 +25,12 @@ from services.common.config import RFTConfig, resolve
 from services.common.log import get_logger
 from services.explorer.core import ExplorerCore
 from services.explorer.serve.endpoint_core import EndpointCore
-from services.explorer.serve.http_server import HttpServer, follow_weights
+from services.explorer.serve.http_server import HttpServer
 from services.explorer.serve.openai_app import build_app
 from services.explorer.serve.sessions import SessionStore
+from services.weight_sync.member.away import synchronizer_away
 from services.weight_sync.member.client import SyncClient
+from services.weight_sync.member.follow import follow_versions
 
 log = get_logger("explorer.serve")
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -72,9 +83,19 @@ async def follow_run(core: ExplorerCore, client: SyncClient | None) -> None:
     fetch = getattr(core.gate, "fetch", None)
     if fetch is None:
         raise RuntimeError("serve mode needs the synchronizer's sync gate (attach_synchronizer)")
+    held = client.model_version
+
+    def loaded(version: int) -> None:
+        nonlocal held
+        held = max(held, version)
+
     code = 0
     try:
-        await follow_weights(client, fetch, core.settings.sync_timeout, core.settings.sync_method)
+        await follow_versions(
+            client, fetch, core.settings.sync_method, lambda: held, timeout_s=core.settings.sync_timeout,
+            on_away=functools.partial(synchronizer_away, register=client.register), errors="raise",
+            on_loaded=loaded, log=log,
+        )  # fmt: skip
         log.info("run finished", model_version=core.model_version)
     except asyncio.CancelledError:
         raise

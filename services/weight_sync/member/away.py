@@ -2,9 +2,9 @@
 
 A synchronizer restarts (its members see UNAVAILABLE while it is down, DEADLINE_EXCEEDED while it is
 slow) and a restarted one has forgotten its members (NOT_FOUND until each registers again). Every
-member that talks to it in a loop (the explorer's sync gate, serve mode's follower, the in-flight
-follower, the explorer's wait for a trainer, the trainer's sync hook, the heartbeat loop) handles such
-an error the same way: `synchronizer_away(exc, register)` returns when the synchronizer is away (having
+member that talks to it in a loop (the explorer's sync gate, the follow loop of serve mode and of the
+in-flight follower (follow.py), the explorer's wait for a trainer, the trainer's sync hook, the
+heartbeat loop) handles such an error the same way: `synchronizer_away(exc, register)` returns when the synchronizer is away (having
 registered again when it forgot this member) and raises anything else; `Backoff`
 (services/common/backoff.py) spaces the retries (50 ms doubling to 1 s, reset after a success).
 """
