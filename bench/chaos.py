@@ -16,7 +16,9 @@ exactly once / experiences the runs needed (produced - remaining), "target" 1.0.
 Nemesis mode (`--nemesis N`): N faults of six kinds mixed at random over runs of `--steps` steps
 (`--per-run` each; tests/support/nemesis.py): SIGKILL, a pause (SIGSTOP for 2-5 s), a hang (SIGSTOP never
 resumed, found by `services.liveness_timeout` 8 s), the buffer's Redis link cut both ways (5-12 s), one way
-(5-10 s) or slowed to 0.5 s per chunk (5-10 s). Printed per fault kind: injected, survived (training went
+(5-10 s) or slowed to 0.5 s per chunk (5-10 s), and Redis's disk filled until it cannot write and stops
+(2-6 s full, then freed and Redis started again; needs root to mount the small disk, else left out with a
+line saying so). Printed per fault kind: injected, survived (training went
 on after it), recovery time from the fault's end to the next trainer step (median, max); per run the
 audit. The JSON line adds "by_kind"; "ratio" is as above.
 
@@ -38,8 +40,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "protos")]
 
 from launcher.audit import audit_job  # noqa: E402
 from tests.support.chaos import Campaign, run_campaign, schedule, write_chaos_config  # noqa: E402
-from tests.support.nemesis import Fault, nemesis_schedule, run_nemesis  # noqa: E402
-from tests.support.redis_server import RedisServer  # noqa: E402
+from tests.support.nemesis import DISK_KINDS, KINDS, Fault, nemesis_schedule, run_nemesis  # noqa: E402
+from tests.support.redis_server import RedisServer, find_redis_server, free_port  # noqa: E402
+from tests.support.small_disk import SmallDisk  # noqa: E402
 
 
 def campaign(redis_url: str, kills: int, steps: int, seed: int) -> Campaign:
@@ -56,27 +59,49 @@ def campaign(redis_url: str, kills: int, steps: int, seed: int) -> Campaign:
 
 
 def nemesis(args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory(prefix="rft-nemesis-disk-") as tmp, \
+            SmallDisk.mount(Path(tmp) / "redis", "256m") as disk:  # fmt: skip
+        if disk is None:
+            print(f"Redis's disk cannot be mounted ({SmallDisk.why_not}): redis_disk is left out", flush=True)
+            kinds, directory = KINDS, Path(tmp)
+        else:
+            kinds, directory = KINDS + DISK_KINDS, disk.path
+        server = RedisServer(
+            port=free_port(), directory=directory, appendonly=True, binary=find_redis_server()
+        )
+        server.launch()
+        try:
+            faults, audits, walls, codes = _nemesis_runs(args, server, kinds)
+        finally:
+            server.stop()
+    _nemesis_report(args, faults, audits, walls, codes)
+
+
+def _nemesis_runs(args: argparse.Namespace, server: RedisServer, kinds: tuple[str, ...]):
     faults: list[Fault] = []
     audits, walls, codes = [], [], []
-    with RedisServer.start(appendonly=True) as server:
-        while len(faults) < args.nemesis:
-            n = min(args.per_run, args.nemesis - len(faults))
-            plan = nemesis_schedule(args.seed + len(walls), n, args.steps)
-            with tempfile.TemporaryDirectory(prefix="rft-nemesis-") as tmp:
-                code, wall, job, log = run_nemesis(
-                    Path(tmp), server.port, plan, args.steps, f"nem-{uuid.uuid4().hex[:6]}", timeout_s=900
-                )
-                audit = audit_job(job, redis_url=server.url)
-            if code != 0:
-                print(log[-4000:], file=sys.stderr)
-            faults += plan
-            audits.append(audit)
-            walls.append(wall)
-            codes.append(code)
-            print(f"run {len(walls)}: exit {code}, {wall:.1f}s, audit {audit.as_dict()}", flush=True)
-            for f in plan:
-                print(f"  {f.kind:<9} {f.service:<12} after step {f.after_step:>3} hold {f.hold_s:>4.1f}s"
-                      f" -> training went on {f.recovery_s}s after its end", flush=True)  # fmt: skip
+    while len(faults) < args.nemesis:
+        n = min(args.per_run, args.nemesis - len(faults))
+        plan = nemesis_schedule(args.seed + len(walls), n, args.steps, kinds)
+        with tempfile.TemporaryDirectory(prefix="rft-nemesis-") as tmp:
+            code, wall, job, log = run_nemesis(
+                Path(tmp), server, plan, args.steps, f"nem-{uuid.uuid4().hex[:6]}", timeout_s=900
+            )
+            audit = audit_job(job, redis_url=server.url)
+        if code != 0:
+            print(log[-4000:], file=sys.stderr)
+        faults += plan
+        audits.append(audit)
+        walls.append(wall)
+        codes.append(code)
+        print(f"run {len(walls)}: exit {code}, {wall:.1f}s, audit {audit.as_dict()}", flush=True)
+        for f in plan:
+            print(f"  {f.kind:<10} {f.service:<12} after step {f.after_step:>3} hold {f.hold_s:>4.1f}s"
+                  f" -> training went on {f.recovery_s}s after its end", flush=True)  # fmt: skip
+    return faults, audits, walls, codes
+
+
+def _nemesis_report(args: argparse.Namespace, faults: list[Fault], audits, walls, codes) -> None:
     by_kind = {}
     for kind in sorted({f.kind for f in faults}):
         these = [f for f in faults if f.kind == kind]
@@ -87,7 +112,7 @@ def nemesis(args: argparse.Namespace) -> None:
             "recovery_s_median": round(statistics.median(rec), 2) if rec else None,
             "recovery_s_max": max(rec) if rec else None,
         }
-        print(f"{kind:<9} injected {len(these):>3}  survived {len(rec):>3}  recovery median "
+        print(f"{kind:<10} injected {len(these):>3}  survived {len(rec):>3}  recovery median "
               f"{by_kind[kind]['recovery_s_median']} s, max {by_kind[kind]['recovery_s_max']} s")  # fmt: skip
     total = {
         key: sum(getattr(a, key) or 0 for a in audits)

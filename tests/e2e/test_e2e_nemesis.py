@@ -1,18 +1,22 @@
 """The nemesis, short: one fault of each kind (SIGKILL, a pause, a hang, the buffer's Redis link cut both
-ways, one way, and slowed) at seeded moments of one 40-step Redis-store run (tests/support/nemesis.py). The
+ways, one way, and slowed, and Redis's disk full: it stops, and starts again once the space returns; that
+one needs root to mount the small disk) at seeded moments of one 40-step Redis-store run
+(tests/support/nemesis.py). The
 run completes at `total_steps`, training goes on after every fault, and the audit finds nothing lost and
 nothing trained twice. `python bench/chaos.py --nemesis 30` runs the long version."""
 
 from __future__ import annotations
 
 import uuid
+import warnings
 
 import pytest
 
 from launcher.audit import audit_job
-from tests.support.nemesis import KINDS, nemesis_schedule, run_nemesis
-from tests.support.redis_server import RedisServer, require_redis_server
+from tests.support.nemesis import DISK_KINDS, KINDS, nemesis_schedule, run_nemesis
+from tests.support.redis_server import RedisServer, find_redis_server, free_port, require_redis_server
 from tests.support.rft_run import assert_no_orphans
+from tests.support.small_disk import SmallDisk
 
 pytestmark = pytest.mark.slow
 
@@ -22,14 +26,29 @@ TOTAL, SEED = 40, 3
 @pytest.mark.timeout(700)
 def test_one_fault_of_each_kind_nothing_lost_nothing_twice(tmp_path):
     require_redis_server()
-    faults = nemesis_schedule(SEED, len(KINDS), TOTAL)
-    assert sorted(f.kind for f in faults) == sorted(KINDS)
-    with RedisServer.start(appendonly=True) as redis:
-        code, _, job, log = run_nemesis(
-            tmp_path, redis.port, faults, TOTAL, f"nem-{uuid.uuid4().hex[:6]}", 600
+    with SmallDisk.mount(tmp_path / "redis-disk", "128m") as disk:
+        if disk is None:
+            warnings.warn(
+                f"!!! no small disk for Redis ({SmallDisk.why_not}): the redis_disk fault is left out",
+                stacklevel=1,
+            )
+        kinds = KINDS + DISK_KINDS if disk is not None else KINDS
+        faults = nemesis_schedule(SEED, len(kinds), TOTAL, kinds)
+        assert sorted(f.kind for f in faults) == sorted(kinds)
+        directory = disk.path if disk is not None else tmp_path / "redis"
+        directory.mkdir(exist_ok=True)
+        redis = RedisServer(
+            port=free_port(), directory=directory, appendonly=True, binary=find_redis_server()
         )
-        assert code == 0, f"faults {faults}\n{log[-5000:]}"
-        audit = audit_job(job, redis_url=redis.url)
+        redis.launch()
+        try:
+            code, _, job, log = run_nemesis(
+                tmp_path, redis, faults, TOTAL, f"nem-{uuid.uuid4().hex[:6]}", 600
+            )
+            assert code == 0, f"faults {faults}\n{log[-5000:]}"
+            audit = audit_job(job, redis_url=redis.url)
+        finally:
+            redis.stop()
     assert_no_orphans(log)
     assert all(f.recovery_s is not None for f in faults), faults  # training went on after every fault
     assert audit.steps == TOTAL and audit.trained_once == TOTAL * 16, (faults, audit)

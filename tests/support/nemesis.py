@@ -8,11 +8,14 @@ which goes through a `NetProxy`):
 - `hang`: SIGSTOP, never resumed (`services.liveness_timeout` finds it silent, kills and restarts it);
 - `partition`: the buffer <-> Redis link cut both ways for a while, then healed;
 - `oneway`: the same link cut one way (the buffer's commands held, Redis's replies to earlier ones flow);
-- `slow`: every chunk on that link delayed by 0.5 s for a while.
+- `slow`: every chunk on that link delayed by 0.5 s for a while;
+- `redis_disk` (DISK_KINDS, when Redis keeps its append-only file on a `SmallDisk`): the disk filled until
+  Redis cannot write and exits (`appendfsync always`: it never acknowledges what it could not persist), held
+  full a few seconds, then freed and Redis started again on its AOF, as a restart policy would.
 
-Recovery is measured from the end of the fault (the kill or hang itself, or the heal) to the next trainer step
-line. Disk faults are not in the mix: a full disk ends the trainer with a message until space returns
-(tests/integration/trainer/test_checkpoint_disk_full.py), which no automatic heal here would model honestly.
+Recovery is measured from the end of the fault (the kill or hang itself, the heal, Redis back) to the next
+trainer step line. A full checkpoint disk is not in the mix: the job folder holds the services' logs and
+metrics too, and that fault is tested on its own (tests/integration/trainer/test_checkpoint_disk_full.py).
 """
 
 from __future__ import annotations
@@ -28,33 +31,37 @@ from pathlib import Path
 
 from tests.support.chaos import SERVICES, LineClock, chaos_tree, log_tails, service_pids, trainer_steps
 from tests.support.netproxy import NetProxy
+from tests.support.redis_server import RedisServer
 from tests.support.rft_run import poll_until, start_rft, write_config
+from tests.support.small_disk import SmallDisk
 
 KINDS = ("kill", "pause", "hang", "partition", "oneway", "slow")
+DISK_KINDS = ("redis_disk",)
 LIVENESS_S = 8
 
 
 @dataclass
 class Fault:
     kind: str
-    service: str  # the process acted on ("buffer" for the link faults: its Redis link)
+    service: str  # the process acted on ("buffer" for the link faults: its Redis link; "redis" for its disk)
     after_step: int
     hold_s: float  # how long a pause or a link fault lasts (0 for kill and hang)
     recovery_s: float | None = None  # end of the fault -> the next trainer step line
 
 
-def nemesis_schedule(seed: int, faults: int, total_steps: int) -> list[Fault]:
-    """`faults` faults, kinds and services drawn with `seed` (every kind once when faults >= 6), at
-    increasing trainer steps in [2, 0.6 x total_steps]."""
+def nemesis_schedule(seed: int, faults: int, total_steps: int, kinds: tuple[str, ...] = KINDS) -> list[Fault]:
+    """`faults` faults, kinds (of `kinds`) and services drawn with `seed` (every kind once when faults >=
+    len(kinds)), at increasing trainer steps in [2, 0.6 x total_steps]."""
     rng = random.Random(seed)
-    kinds = [KINDS[i % len(KINDS)] for i in range(faults)]
+    kinds = [kinds[i % len(kinds)] for i in range(faults)]
     rng.shuffle(kinds)
     steps = sorted(rng.randint(2, max(2, int(total_steps * 0.6))) for _ in range(faults))
     out = []
     for kind, step in zip(kinds, steps, strict=True):
         service = "buffer" if kind in ("partition", "oneway", "slow") else rng.choice(SERVICES)
+        service = "redis" if kind in DISK_KINDS else service
         hold = {"pause": rng.uniform(2, 5), "partition": rng.uniform(5, 12), "oneway": rng.uniform(5, 10),
-                "slow": rng.uniform(5, 10)}.get(kind, 0.0)  # fmt: skip
+                "slow": rng.uniform(5, 10), "redis_disk": rng.uniform(2, 6)}.get(kind, 0.0)  # fmt: skip
         out.append(Fault(kind, service, step, round(hold, 1)))
     return out
 
@@ -66,10 +73,11 @@ def nemesis_config(root: Path, redis_url: str, total_steps: int, prefix: str) ->
 
 
 def run_nemesis(
-    root: Path, redis_port: int, faults: list[Fault], total_steps: int, prefix: str, timeout_s: float
+    root: Path, redis: RedisServer, faults: list[Fault], total_steps: int, prefix: str, timeout_s: float
 ) -> tuple[int, float, Path, str]:
-    """One run under `faults`; returns (rft run's exit code, wall seconds, job folder, log text)."""
-    with NetProxy.start("127.0.0.1", redis_port) as link:
+    """One run under `faults`; returns (rft run's exit code, wall seconds, job folder, log text). A
+    `redis_disk` fault needs `redis.directory` on a `SmallDisk`."""
+    with NetProxy.start("127.0.0.1", redis.port) as link:
         config, job = nemesis_config(root, f"redis://127.0.0.1:{link.port}/0", total_steps, prefix)
         log = root / "rft.log"
         t0 = time.monotonic()
@@ -78,7 +86,7 @@ def run_nemesis(
         marks: list[tuple[int, float]] = []
         try:
             for fault in faults:
-                marks.append(_inject(proc, job, link, fault, t0 + timeout_s))
+                marks.append(_inject(proc, job, link, redis, fault, t0 + timeout_s))
             code = proc.wait(max(1.0, t0 + timeout_s - time.monotonic()))
         except (subprocess.TimeoutExpired, AssertionError) as exc:
             proc.send_signal(signal.SIGINT)
@@ -97,7 +105,7 @@ def run_nemesis(
 
 
 def _inject(
-    proc: subprocess.Popen, job: Path, link: NetProxy, fault: Fault, deadline: float
+    proc: subprocess.Popen, job: Path, link: NetProxy, redis: RedisServer, fault: Fault, deadline: float
 ) -> tuple[int, float]:
     """Wait for the fault's step, act; returns (trainer lines at the fault's end, the end's time)."""
 
@@ -115,6 +123,8 @@ def _inject(
         time.sleep(fault.hold_s)  # ok-sleep: the length of the injected fault
         link.heal()
         return len(trainer_steps(job)), time.time()
+    if fault.kind == "redis_disk":
+        return _redis_disk(redis, fault, job)
     child_config = job / "config.yaml"
     pids = poll_until(lambda: service_pids(child_config, fault.service), 120, f"a running {fault.service}")
     sig = signal.SIGKILL if fault.kind == "kill" else signal.SIGSTOP
@@ -126,4 +136,17 @@ def _inject(
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
+    return len(trainer_steps(job)), time.time()
+
+
+def _redis_disk(redis: RedisServer, fault: Fault, job: Path) -> tuple[int, float]:
+    """Fill Redis's disk until it exits on a write it cannot persist; hold; free it and start Redis again."""
+    disk = SmallDisk(redis.directory)
+    process = redis.process
+    assert process is not None, "redis is not running"
+    disk.fill()
+    poll_until(lambda: process.poll() is not None, 120, "redis-server to stop on its full disk")
+    time.sleep(fault.hold_s)  # ok-sleep: the length of the injected fault
+    disk.free()
+    redis.launch()  # back on its append-only file, as a restart policy would start it
     return len(trainer_steps(job)), time.time()
