@@ -33,7 +33,7 @@ from launcher.progress import MetricsTail
 from launcher.top.targets import Target, Targets
 from services.common.rpc.client import create_channel
 
-TIMEOUT_S = 2.0
+TIMEOUT_S = 3.0  # per call; a loaded host takes a while to connect and answer
 REWARDS_KEPT = 240
 SYNC_EVENTS = ("publish", "reported", "rebroadcast", "lost", "left")
 # what a call that got no answer raises (ValueError: a TLS file the config names cannot be read)

@@ -15,7 +15,7 @@ from launcher.top.targets import Targets
 
 
 async def _watch(targets: Targets, interval_s: float, once: bool, console: Console) -> None:
-    collector = Collector(targets, timeout_s=min(2.0, max(0.5, interval_s)))
+    collector = Collector(targets)
     try:
         if once:
             console.print(render(await collector.snapshot()))
