@@ -119,7 +119,9 @@ def find_targets(path: Path | None, flags: dict[str, list[str]], auth_token: str
         source = f"job {job_dir}"
     elif config is not None:
         eps = config.services
-        targets = [Target(k, getattr(eps, k).target()) for k in (*KINDS, "explorer")]
+        # a port of 0 (any free port) says nothing about where a service listens
+        targets = [Target(k, getattr(eps, k).target) for k in (*KINDS, "explorer")
+                   if getattr(eps, k).address or getattr(eps, k).port]  # fmt: skip
         source = f"config {path}"
     else:
         source = "flags"

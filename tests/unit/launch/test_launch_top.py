@@ -19,6 +19,7 @@ from launcher.top.collect import (
 )
 from launcher.top.render import BARS, render, sparkline
 from launcher.top.targets import find_targets
+from tests.support.rft_run import example, write_config
 
 
 def _text(snap: Snapshot) -> str:
@@ -121,3 +122,15 @@ def test_targets_from_a_job_folder_and_from_flags(tmp_path: Path):
     assert [(t.name, t.address, t.restarts()) for t in flagged.services] == [
         ("buffer", "b:1", None), ("explorer-0", "e:1", None), ("explorer-1", "e:2", None)]  # fmt: skip
     assert flagged.auth_token == "tok" and flagged.job_dir is None
+
+
+def test_targets_from_a_compose_like_config(tmp_path: Path, monkeypatch):
+    tree = example("quickstart.yaml")
+    tree["checkpoint_root_dir"] = str(tmp_path / "ckpt")  # no job folder: its services.* addresses
+    tree["services"] = {"buffer": {"address": "buffer:50051"}, "trainer": {"host": "trainer", "port": 50052}}
+    config = write_config(tmp_path / "stack.yaml", tree)
+    monkeypatch.setenv("RFT_AUTH_TOKEN", "secret")
+    targets = find_targets(config, {"explorer": ["explorer-a:50054"]})
+    assert [(t.name, t.address) for t in targets.services] == [
+        ("buffer", "buffer:50051"), ("trainer", "trainer:50052"), ("explorer", "explorer-a:50054")]  # fmt: skip
+    assert targets.auth_token == "secret" and targets.job_dir is None and targets.source == f"config {config}"
