@@ -20,6 +20,7 @@ only to check a config's names (names.py).
     progress.py      live progress from metrics/*.jsonl (rich on a TTY, log lines otherwise)
     summary.py       summary.json per stage and for the run
     plot.py          curves.png from metrics/*.jsonl (`rft plot`, and at the end of every run)
+    top/             `rft top`: a live view of a running job from its services' endpoints (gRPC)
 
 Exit codes (`run` returns them): 0 finished, 1 a runtime failure (the failing service is named with
 the first exception of its log and its last log lines), 2 a bad config (names included), 130 stopped by SIGINT/SIGTERM (checkpoints flushed; run it again

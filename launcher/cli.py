@@ -227,6 +227,36 @@ def plot_cmd(
     typer.echo(f"plot: {path}")
 
 
+@app.command("top")
+def top_cmd(
+    target: Annotated[
+        Path | None, typer.Argument(help="job folder of `rft run`, or a run config (compose: its services.*)")
+    ] = None,
+    interval: Annotated[float, typer.Option(help="seconds between frames")] = 2.0,
+    once: Annotated[bool, typer.Option("--once", help="print one frame and exit")] = False,
+    buffer: Annotated[list[str] | None, typer.Option(help="the buffer's HOST:PORT")] = None,
+    trainer: Annotated[list[str] | None, typer.Option(help="the trainer's HOST:PORT")] = None,
+    synchronizer: Annotated[list[str] | None, typer.Option(help="the synchronizer's HOST:PORT")] = None,
+    explorer: Annotated[list[str] | None, typer.Option(help="an explorer's HOST:PORT (repeatable)")] = None,
+    auth_token: Annotated[
+        str | None, typer.Option(help="bearer token (default: the config's, or RFT_AUTH_TOKEN)")
+    ] = None,
+) -> None:
+    """A live view of a running job from its services' own endpoints: each service's state, step,
+    restarts and how long since it moved; explorers' held version and rollout rate; buffer depth; the
+    trainer's step time, tokens/s and loss; the last syncs; the reward curve. Exit 2: nothing to watch."""
+    from launcher.top.targets import TargetError, find_targets
+    from launcher.top.view import watch
+
+    flags = {"buffer": buffer, "trainer": trainer, "synchronizer": synchronizer, "explorer": explorer}
+    try:
+        targets = find_targets(target, {k: v or [] for k, v in flags.items()}, auth_token)
+    except TargetError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from None
+    watch(targets, interval_s=max(0.2, interval), once=once)
+
+
 @app.command("convert-verl")
 def convert_verl_cmd(
     script: Annotated[str, typer.Argument(help="file with a veRL script or command; - reads stdin")],

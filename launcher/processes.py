@@ -210,6 +210,11 @@ class ServiceProcess:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
 
+    @property
+    def restarts_file(self) -> Path | None:
+        """Where the supervisor writes how often it restarted this process (`rft top` reads it)."""
+        return None if self.port_file is None else self.port_file.with_name(f"{self.name}.restarts")
+
     def read_port(self) -> int | None:
         """The bound port once the service wrote it (after its gRPC server started)."""
         if self.port is None and self.port_file is not None and self.port_file.is_file():

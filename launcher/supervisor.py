@@ -23,6 +23,8 @@ the window (stopped, wedged, its event loop blocked) is killed (SIGKILL to its p
 ranks included) and then takes the crash path above, budget and stage restart included, with one line:
 `explorer hung: no answer for 60 s (last heard on explore step 25); killed and restarted (1/3)`.
 
+Each restart's count is written to `run/<name>.restarts` (next to the port file) for `rft top`.
+
 Stop: SIGTERM to the second wave (the trainer flushes its checkpoint while the buffer is still up),
 wait, SIGKILL what is left, then the same for the first wave.
 """
@@ -79,6 +81,9 @@ class Supervisor:
         self.ready_timeout_s, self.stop_timeout_s = ready_timeout_s, stop_timeout_s
         self.on_restart = on_restart
         self.restarts = {p.name: 0 for p in self.processes}
+        for p in self.processes:  # an earlier run's counts
+            if p.restarts_file is not None:
+                p.restarts_file.unlink(missing_ok=True)
         self._ports: dict[str, int] = {}  # first wave: where the second wave dials it
         self._recovering: dict[str, asyncio.Task[None]] = {}
         self.watchdog = Watchdog(liveness_timeout_s, clock)
@@ -217,6 +222,9 @@ class Supervisor:
             spent = f"; restarted {used} times already (services.max_restarts: {budget})" if budget else ""
             raise self._fail(p, what + spent)
         self.restarts[p.name] = used + 1
+        if p.restarts_file is not None:
+            with contextlib.suppress(OSError):
+                p.restarts_file.write_text(f"{used + 1}\n")
         count = f"({used + 1}/{budget})"
         if self.on_restart is not None:
             self.on_restart(p.name)

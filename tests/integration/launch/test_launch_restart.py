@@ -105,6 +105,9 @@ async def test_a_killed_service_restarts_and_the_buffer_keeps_its_port(tmp_path,
             and sync.running
             and sup.restarts == {"synchronizer": 0, "buffer": 1, "trainer": 1}
         )
+        run = tmp_path / "run"  # what `rft top` reads: one file per restarted process
+        assert sorted(p.name for p in run.glob("*.restarts")) == ["buffer.restarts", "trainer.restarts"]
+        assert (run / "buffer.restarts").read_text() == (run / "trainer.restarts").read_text() == "1\n"
 
         finish.touch()
         assert await asyncio.wait_for(task, 30) == "finished"
