@@ -3,7 +3,8 @@
 Sessions, models and sampling sessions live in this process. Work that touches a model
 (create_model, forward_backward, optim_step, save/load weights, asample) is queued as a real
 future (futures.py); its failure reaches the SDK as a `RequestFailedError` carrying our message.
-Unknown routes answer 404 naming the route and what is supported; a wrong API key answers 401.
+The REST client's training-run and checkpoint routes answer at once (an unknown run or checkpoint
+is a 404). Unknown routes answer 404 naming the route and what is supported; a wrong API key, 401.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from fastapi.responses import JSONResponse, Response
 
 from . import wire
 from .futures import UnknownFuture
-from .server import TinkerServer, UserError
+from .server import NotFound, TinkerServer, UserError
 
 SUPPORTED = (
     "create_session session_heartbeat create_model get_info get_server_capabilities forward_backward "
     "optim_step save_weights save_weights_for_sampler load_weights create_sampling_session asample "
-    "retrieve_future healthz"
+    "retrieve_future healthz training_runs training_runs/<id> training_runs/<id>/checkpoints "
+    "DELETE training_runs/<id>/checkpoints/<kind>/<name> weights_info"
 )
 PROTO = "application/x-protobuf"
 
@@ -43,6 +45,7 @@ def build_app(server: TinkerServer, poll_s: float = 20.0) -> FastAPI:
     _training_routes(app, server)
     _sampling_routes(app, server)
     _future_routes(app, server, poll_s)
+    _rest_routes(app, server)
     _unsupported_route(app)
     return app
 
@@ -231,6 +234,38 @@ def _future_routes(app: FastAPI, server: TinkerServer, poll_s: float) -> None:
         if isinstance(result, bytes):
             return Response(result, media_type=PROTO)
         return JSONResponse(result)
+
+
+def _rest_routes(app: FastAPI, server: TinkerServer) -> None:
+    """The SDK's RestClient: training runs (one per training client), their checkpoints, weights info."""
+    api = API
+
+    async def answer(fn, *args) -> Response:  # noqa: ANN001
+        try:
+            return JSONResponse(await asyncio.to_thread(fn, *args))
+        except NotFound as exc:
+            return _err(404, str(exc))
+
+    @app.get(f"{api}/training_runs")
+    async def training_runs(limit: int = 20, offset: int = 0) -> Response:
+        return await answer(server.training_runs, max(limit, 0), max(offset, 0))
+
+    @app.get(f"{api}/training_runs/{{run_id}}")
+    async def training_run(run_id: str) -> Response:
+        return await answer(server.training_run, run_id)
+
+    @app.get(f"{api}/training_runs/{{run_id}}/checkpoints")
+    async def checkpoints(run_id: str) -> Response:
+        return await answer(lambda: {"checkpoints": server.checkpoints(run_id)})
+
+    @app.delete(f"{api}/training_runs/{{run_id}}/checkpoints/{{kind}}/{{name}}")
+    async def delete_checkpoint(run_id: str, kind: str, name: str) -> Response:
+        response = await answer(server.delete_checkpoint, run_id, f"{kind}/{name}")
+        return Response(status_code=204) if response.status_code == 200 else response
+
+    @app.post(f"{api}/weights_info")
+    async def weights_info(request: Request) -> Response:
+        return await answer(server.weights_info, str((await request.json()).get("tinker_path")))
 
 
 def _unsupported_route(app: FastAPI) -> None:

@@ -3,11 +3,16 @@
 Base model names resolve to local folders (a folder path is accepted as is); checkpoints are
 `tinker://<model_id>/<weights|sampler_weights>/<name>`, folders under the checkpoint directory.
 The methods here run as queued work (futures.py); a `UserError` is a request the client must change.
+A training run (the REST client's view) is a training client's model id: the ones this process made
+and the ones with checkpoints left in the checkpoint directory by an earlier run of the server.
 """
 
 from __future__ import annotations
 
+import shutil
+import time
 import uuid
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +21,16 @@ from .futures import Futures
 from .sampling import Sampler
 from .training import TrainingModel
 
+OWNER = "rft"  # the `model_owner` of every training run: one API key, one owner
+KINDS = {"weights": "training", "sampler_weights": "sampler"}  # path segment -> Tinker checkpoint_type
+
 
 class UserError(ValueError):
     """A request the client must change (the SDK shows the message)."""
+
+
+class NotFound(UserError):
+    """An unknown training run or checkpoint (a 404 for the REST routes)."""
 
 
 class TinkerServer:
@@ -41,6 +53,7 @@ class TinkerServer:
         self.models: dict[str, TrainingModel] = {}
         self.sampling: dict[str, tuple[str, str, Path | None]] = {}
         self.sampler_info: dict[str, dict[str, Any]] = {}  # GET /samplers/<id>
+        self.last_request: dict[str, float] = {}  # model_id -> time of its last request
 
     def folder(self, base_model: str) -> str:
         if base_model in self.base_models:
@@ -55,6 +68,7 @@ class TinkerServer:
     def model(self, model_id: str) -> TrainingModel:
         if model_id not in self.models:
             raise UserError(f"unknown model_id {model_id!r}; create a training client first")
+        self.last_request[model_id] = time.time()
         return self.models[model_id]
 
     def path(self, tinker_path: str) -> tuple[str, Path]:
@@ -81,6 +95,7 @@ class TinkerServer:
         rank = int(lora["rank"]) if lora and body["base_model"] not in self.full else None
         seed = int(lora.get("seed") or 0) if lora else 0
         self.models[model_id] = TrainingModel(model_id, body["base_model"], folder, rank, seed)
+        self.last_request[model_id] = time.time()
         return {"model_id": model_id, "type": "create_model"}
 
     def save(self, body: dict[str, Any], kind: str) -> dict[str, Any]:
@@ -116,6 +131,88 @@ class TinkerServer:
         self.model(model_id).load(folder, with_optimizer=bool(body.get("optimizer")))
         return {"path": body["path"], "model_id": model_id, "type": "load_weights"}
 
+    # ---- training runs and their checkpoints (the REST client's routes, answered at once)
+    def checkpoints(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's saved checkpoints as Tinker `Checkpoint`s, oldest first; NotFound for no such run."""
+        run = self.checkpoint_dir / run_id
+        if run_id not in self.models and (run_id in ("", ".", "..") or "/" in run_id or not run.is_dir()):
+            raise NotFound(
+                f"unknown training run {run_id!r}: no training client and no checkpoints by that id"
+            )
+        out = []
+        for seg, kind in KINDS.items():
+            for folder in sorted(p for p in (run / seg).glob("*") if (p / "trainer.pt").is_file()):
+                out.append(
+                    {
+                        "checkpoint_id": f"{seg}/{folder.name}",
+                        "checkpoint_type": kind,
+                        "time": _iso((folder / "trainer.pt").stat().st_mtime),
+                        "tinker_path": f"tinker://{run_id}/{seg}/{folder.name}",
+                        "size_bytes": sum(f.stat().st_size for f in folder.iterdir() if f.is_file()),
+                    }
+                )
+        return sorted(out, key=lambda c: c["time"])
+
+    def training_run(self, run_id: str) -> dict[str, Any]:
+        """One Tinker `TrainingRun`: base model, LoRA rank, last request, newest checkpoints."""
+        ckpts = self.checkpoints(run_id)
+        if run_id in self.models:
+            model = self.models[run_id]
+            base, rank, last = model.base_model, model.lora_rank, _iso(self.last_request[run_id])
+        elif ckpts:  # a run of an earlier server process: described by its newest checkpoint
+            base, rank = TrainingModel.describe(self.path(ckpts[-1]["tinker_path"])[1])
+            last = ckpts[-1]["time"]
+        else:
+            raise NotFound(f"training run {run_id!r} has no training client and no checkpoints left")
+        newest = {c["checkpoint_type"]: c for c in ckpts}
+        return {
+            "training_run_id": run_id,
+            "base_model": base,
+            "model_owner": OWNER,
+            "is_lora": bool(rank),
+            "lora_rank": rank,
+            "corrupted": False,
+            "last_request_time": last,
+            "last_checkpoint": newest.get("training"),
+            "last_sampler_checkpoint": newest.get("sampler"),
+        }
+
+    def training_runs(self, limit: int, offset: int) -> dict[str, Any]:
+        """A page of runs, the most recently used first, with Tinker's cursor."""
+        ids = set(self.models)
+        if self.checkpoint_dir.is_dir():
+            ids |= {p.name for p in self.checkpoint_dir.iterdir() if p.is_dir()}
+        runs = []
+        for run_id in ids:
+            try:
+                runs.append(self.training_run(run_id))
+            except NotFound:  # a folder whose checkpoints were all deleted
+                continue
+        runs.sort(key=lambda r: r["last_request_time"], reverse=True)
+        page = runs[offset : offset + limit] if limit > 0 else []
+        return {"training_runs": page, "cursor": {"offset": offset, "limit": limit, "total_count": len(runs)}}
+
+    def delete_checkpoint(self, run_id: str, checkpoint_id: str) -> None:
+        """Remove a saved checkpoint's folder; loading it afterwards is the usual "no checkpoint" error."""
+        path = f"tinker://{run_id}/{checkpoint_id}"
+        seg = checkpoint_id.split("/")[0]
+        if seg not in KINDS:
+            raise NotFound(f"checkpoint {checkpoint_id!r}: expected weights/<name> or sampler_weights/<name>")
+        try:
+            _, folder = self.path(path)
+        except UserError as exc:
+            raise NotFound(str(exc)) from exc
+        shutil.rmtree(folder)
+
+    def weights_info(self, tinker_path: str) -> dict[str, Any]:
+        """Base model and LoRA rank of a saved checkpoint (the SDK's `WeightsInfoResponse`)."""
+        try:
+            _, folder = self.path(tinker_path)
+        except UserError as exc:
+            raise NotFound(str(exc)) from exc
+        base, rank = TrainingModel.describe(folder)
+        return {"base_model": base, "is_lora": bool(rank), "lora_rank": rank}
+
     def sample(self, body: dict[str, Any]) -> bytes:
         sid = body.get("sampling_session_id")
         if sid:
@@ -150,6 +247,10 @@ class TinkerServer:
         if base_model:
             return self.folder(base_model), "base", None
         raise UserError("a sampling session needs base_model or model_path")
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).isoformat()
 
 
 class _Params:

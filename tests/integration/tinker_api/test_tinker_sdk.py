@@ -1,7 +1,10 @@
-"""The official `tinker` SDK against `rft serve tinker`: every supported route, the error paths,
-and an SDK-only SFT-then-RL loop on the quickstart's arithmetic task that must raise the reward."""
+"""The official `tinker` SDK against `rft serve tinker`: every supported route, the error paths, the
+RestClient's training runs and checkpoints, and an SDK-only SFT-then-RL loop on the quickstart's
+arithmetic task that must raise the reward."""
 
 from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
 
 import httpx
 import numpy as np
@@ -126,7 +129,50 @@ def test_errors_reach_the_sdk_clearly(tinker_url: str) -> None:
     assert r.status_code == 404 and "unknown or expired future" in r.json()["detail"]
     # a route we do not serve: the SDK raises with our message, not a 500
     with pytest.raises(tinker.NotFoundError, match="not supported by rft serve tinker"):
-        sc.create_rest_client().list_checkpoints("model-x").result()
+        sc.create_rest_client().list_user_checkpoints().result()
+
+
+def test_rest_client_training_runs_and_checkpoints(tinker_url: str) -> None:
+    sc = service(tinker_url)
+    tc = sc.create_lora_training_client(base_model="tiny", rank=4).result()
+    run_id = tc.get_info().model_id
+    tc.forward_backward([datum()], "cross_entropy").result()
+    tc.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+    state = tc.save_state("a").result().path
+    sampler = tc.save_weights_for_sampler("s").result().path
+    rest = sc.create_rest_client()
+
+    runs = rest.list_training_runs(limit=100).result()
+    assert run_id in [r.training_run_id for r in runs.training_runs]
+    assert runs.cursor.total_count == len(runs.training_runs)
+    assert runs.training_runs[0].training_run_id == run_id  # the most recently used first
+    page = rest.list_training_runs(limit=1, offset=1).result()
+    assert len(page.training_runs) == min(1, runs.cursor.total_count - 1) and page.cursor.offset == 1
+
+    run = rest.get_training_run(run_id).result()
+    assert (run.base_model, run.is_lora, run.lora_rank, run.model_owner) == ("tiny", True, 4, "rft")
+    assert datetime.now(timezone.utc) - run.last_request_time < timedelta(minutes=1)
+    assert run.last_checkpoint.tinker_path == state and run.last_sampler_checkpoint.tinker_path == sampler
+    assert rest.get_training_run_by_tinker_path(sampler).result().training_run_id == run_id
+
+    listed = rest.list_checkpoints(run_id).result().checkpoints
+    kinds = {c.tinker_path: (c.checkpoint_type, c.checkpoint_id) for c in listed}
+    assert kinds == {state: ("training", "weights/a"), sampler: ("sampler", "sampler_weights/s")}
+    assert all(c.size_bytes > 0 for c in listed)
+    info = rest.get_weights_info_by_tinker_path(state).result()
+    assert (info.base_model, info.is_lora, info.lora_rank) == ("tiny", True, 4)
+
+    rest.delete_checkpoint(run_id, "weights/a").result()
+    assert [c.tinker_path for c in rest.list_checkpoints(run_id).result().checkpoints] == [sampler]
+    assert rest.get_training_run(run_id).result().last_checkpoint is None
+    with pytest.raises(tinker.RequestFailedError, match=f"no checkpoint at {state}"):
+        tc.load_state(state).result()
+    with pytest.raises(tinker.NotFoundError, match="no checkpoint at"):
+        rest.delete_checkpoint_from_tinker_path(state).result()
+    with pytest.raises(tinker.NotFoundError, match="unknown training run 'no-such-run'"):
+        rest.get_training_run("no-such-run").result()
+    with pytest.raises(tinker.NotFoundError, match="unknown training run 'no-such-run'"):
+        rest.list_checkpoints("no-such-run").result()
 
 
 def test_sdk_only_rl_loop_raises_the_quickstart_reward(tinker_url: str) -> None:

@@ -1,5 +1,6 @@
 """`rft serve tinker` without HTTP: Tinker's loss formulas on our losses, and checkpoints that load as
-HF model folders with the trained weights (LoRA merged) and resume the optimizer."""
+HF model folders with the trained weights (LoRA merged) and resume the optimizer, and the training
+runs a restarted server finds in its checkpoint directory."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from services.common.modeling import load_model
 from tests.support.rft_run import tiny_model
 from tinker_api import losses
+from tinker_api.server import NotFound, TinkerServer
 from tinker_api.training import TrainingModel
 from tinker_api.wire import Datum, FwdBwd
 
@@ -78,3 +80,26 @@ def test_a_checkpoint_is_an_hf_folder_and_resumes(tmp_path, rank) -> None:
     assert resumed.step == 1 and resumed.optimizer is not None
     for a, b in zip(model.optimizer.state.values(), resumed.optimizer.state.values(), strict=True):
         torch.testing.assert_close(a["exp_avg"], b["exp_avg"])
+
+
+def test_a_restarted_server_lists_the_runs_its_checkpoints_name(tmp_path) -> None:
+    TrainingModel("old", "tiny", str(tiny_model()), 4).save(tmp_path / "old" / "weights" / "c1", True)
+    (tmp_path / "emptied" / "weights").mkdir(parents=True)  # a run whose checkpoints were all deleted
+    server = TinkerServer({"tiny": str(tiny_model())}, tmp_path)
+    try:
+        runs = server.training_runs(limit=20, offset=0)
+        assert [r["training_run_id"] for r in runs["training_runs"]] == ["old"]
+        run = runs["training_runs"][0]
+        assert (run["base_model"], run["is_lora"], run["lora_rank"]) == ("tiny", True, 4)
+        assert run["last_checkpoint"]["tinker_path"] == "tinker://old/weights/c1"
+        assert run["last_request_time"] == run["last_checkpoint"]["time"]
+        with pytest.raises(NotFound, match="'emptied' has no training client and no checkpoints"):
+            server.training_run("emptied")
+        with pytest.raises(NotFound, match=r"unknown training run '\.\.'"):
+            server.checkpoints("..")
+        with pytest.raises(NotFound, match="expected weights/<name>"):
+            server.delete_checkpoint("old", "other/c1")
+        server.delete_checkpoint("old", "weights/c1")
+        assert server.training_runs(limit=20, offset=0)["cursor"]["total_count"] == 0
+    finally:
+        server.futures.shutdown()
