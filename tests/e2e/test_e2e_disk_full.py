@@ -6,8 +6,6 @@ finding nothing lost and nothing trained twice. Needs root to mount the tmpfs; s
 
 from __future__ import annotations
 
-import errno
-import subprocess
 import uuid
 
 import pytest
@@ -16,61 +14,49 @@ from launcher.audit import audit_job
 from tests.support.chaos import trainer_steps, write_chaos_config
 from tests.support.redis_server import RedisServer, find_redis_server, free_port, require_redis_server
 from tests.support.rft_run import assert_no_orphans, poll_until, start_rft
+from tests.support.small_disk import SmallDisk
 
 pytestmark = pytest.mark.slow
 
 TOTAL = 24
 
 
-def _fill(disk) -> object:
-    """Write a ballast file until the disk is full (Redis writes beside it meanwhile)."""
-    ballast = disk / "ballast"
-    with ballast.open("wb", buffering=0) as fh:
-        try:
-            while True:
-                fh.write(b"\0" * (1 << 20))
-        except OSError as exc:
-            if exc.errno != errno.ENOSPC:
-                raise
-    return ballast
-
-
 @pytest.mark.timeout(600)
 def test_the_store_disk_fills_mid_run_and_the_run_completes_once_space_returns(tmp_path):
     require_redis_server()
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(disk)], capture_output=True,
-                          text=True)  # fmt: skip
-    if done.returncode != 0:
-        pytest.skip(f"!!! cannot mount a small tmpfs ({done.stderr.strip()}): the full-disk run is SKIPPED")
-    redis = RedisServer(port=free_port(), directory=disk, appendonly=True, binary=find_redis_server())
-    try:
-        redis.launch()
-        config, job = write_chaos_config(
-            tmp_path, redis.url, total_steps=TOTAL, save_interval=4, prefix=f"disk-{uuid.uuid4().hex[:6]}"
+    with SmallDisk.mount(tmp_path / "disk", "64m") as disk:
+        if disk is None:
+            pytest.skip(f"!!! cannot mount a small tmpfs ({SmallDisk.why_not}): the full-disk run is SKIPPED")
+        redis = RedisServer(
+            port=free_port(), directory=disk.path, appendonly=True, binary=find_redis_server()
         )
-        log = tmp_path / "rft.log"
-        proc = start_rft(config, log=log)
         try:
-            poll_until(lambda: len(trainer_steps(job)) >= 5 or proc.poll() is not None, 300, "trainer step 5")
-            assert proc.poll() is None, log.read_text()[-4000:]
-            ballast = _fill(disk)
-            assert redis.process is not None
-            code = redis.process.wait(120)  # the next write it cannot persist stops it
-            assert code != 0
-            stalled_at = len(trainer_steps(job))
-            ballast.unlink()
-            redis.launch()  # back on its AOF, as a restart policy would start it
-            assert proc.wait(400) == 0, log.read_text()[-5000:]
+            redis.launch()
+            config, job = write_chaos_config(
+                tmp_path, redis.url, total_steps=TOTAL, save_interval=4, prefix=f"disk-{uuid.uuid4().hex[:6]}"
+            )
+            log = tmp_path / "rft.log"
+            proc = start_rft(config, log=log)
+            try:
+                poll_until(
+                    lambda: len(trainer_steps(job)) >= 5 or proc.poll() is not None, 300, "trainer step 5"
+                )
+                assert proc.poll() is None, log.read_text()[-4000:]
+                disk.fill()
+                assert redis.process is not None
+                code = redis.process.wait(120)  # the next write it cannot persist stops it
+                assert code != 0
+                stalled_at = len(trainer_steps(job))
+                disk.free()
+                redis.launch()  # back on its AOF, as a restart policy would start it
+                assert proc.wait(400) == 0, log.read_text()[-5000:]
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+            assert_no_orphans(log.read_text())
+            audit = audit_job(job, redis_url=redis.url)
         finally:
-            if proc.poll() is None:
-                proc.kill()
-        assert_no_orphans(log.read_text())
-        audit = audit_job(job, redis_url=redis.url)
-    finally:
-        redis.stop()
-        subprocess.run(["umount", "-l", str(disk)], check=False)
+            redis.stop()
     assert stalled_at < TOTAL
     assert audit.steps == TOTAL and audit.trained_once == TOTAL * 16, audit
     assert (audit.trained_twice, audit.lost, audit.unknown) == (0, 0, 0), audit
