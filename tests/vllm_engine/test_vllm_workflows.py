@@ -354,8 +354,14 @@ async def test_serve_a_conversation_with_feedback_and_commit_becomes_one_masked_
     assert between > 0 and exp.action_mask.tolist() == [True] * n1 + [False] * between + [True] * n2
     assert torch.allclose(exp.logprobs[:n1], torch.tensor([t.logprob for t in lp]))
     assert (exp.logprobs[n1 : n1 + between] == 0).all() and torch.isfinite(exp.logprobs).all()
-    with pytest.raises(openai.ConflictError):  # exactly once
-        await client.post("/commit", body={"session_ids": ["conv-1"]}, cast_to=httpx2.Response)
+    # exactly once: the same commit again is a retry (the first answer, nothing stored); another request
+    # committing the session (its own idempotency key) is refused
+    again = await client.post("/commit", body={"session_ids": ["conv-1"]}, cast_to=httpx2.Response)
+    assert again.json() == done.json() and again.headers["idempotent-replayed"] == "true"
+    with pytest.raises(openai.ConflictError):
+        await client.post("/commit", body={"session_ids": ["conv-1"]}, cast_to=httpx2.Response,
+                          options={"headers": {"Idempotency-Key": "another"}})  # fmt: skip
+    assert len(sink.experiences) == 1
 
 
 async def test_serve_n_choices_and_a_stream_commit_as_one_group_and_one_session(served):
