@@ -21,6 +21,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
+from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
@@ -57,19 +58,20 @@ class IdempotencyStore:
         self,
         request: Request,
         route: str,
-        digest: str,
+        body: BaseModel,
         produce: Callable[[], Awaitable[Response]],
         derive: bool = False,
     ) -> Response:
         """`produce()`'s response, or the stored one of the request's key (with `derive`, the
-        request's `digest` (`fingerprint()`) stands in for a key the request did not send)."""
+        request's digest stands in for a key it did not send). `body`: the parsed request; with the
+        session header it is what makes two requests the same. No key: nothing is computed or kept."""
         given = request.headers.get(HEADER)
         if given is not None and not 0 < len(given) <= 256:
             raise ServeError(400, f"{HEADER}: 1 to 256 characters", HEADER)
-        key = given if given is not None else (f"derived:{digest}" if derive else None)
-        if key is None:
+        if given is None and not derive:
             return await produce()
-        key = f"{route} {key}"
+        digest = fingerprint(body.model_dump_json(), request.headers.get("x-session-id"))
+        key = f"{route} {given if given is not None else f'derived:{digest}'}"
         entry = self._entries.get(key)
         if entry is not None:
             if entry.digest != digest:
@@ -136,5 +138,5 @@ class IdempotencyStore:
 
 
 def fingerprint(*parts: str | None) -> str:
-    """A digest of what makes two requests the same (the parsed body as JSON, the session header)."""
+    """A digest of what makes two requests the same."""
     return hashlib.sha256("\x00".join(p or "" for p in parts).encode()).hexdigest()

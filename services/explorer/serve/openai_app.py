@@ -40,7 +40,7 @@ from starlette.exceptions import HTTPException
 
 from services.explorer.serve import responses, streaming
 from services.explorer.serve.endpoint_core import EndpointCore
-from services.explorer.serve.idempotency import IdempotencyStore, fingerprint
+from services.explorer.serve.idempotency import IdempotencyStore
 from services.explorer.serve.protocol import (
     ChatRequest,
     CommitRequest,
@@ -93,11 +93,6 @@ def _session(request: Request, body: Any) -> str | None:
     if sid is not None and not 0 < len(sid) <= 256:
         raise ServeError(400, "session id: 1 to 256 characters", "X-Session-Id")
     return sid
-
-
-def _print(request: Request, body: BaseModel) -> str:
-    """What makes two requests of a route the same: the parsed body and the session header."""
-    return fingerprint(body.model_dump_json(), request.headers.get("x-session-id"))
 
 
 def _answer(body: Any, sid: str, stream: bool = False) -> Any:
@@ -181,7 +176,7 @@ def build_app(core: EndpointCore, auth_token: str | None = None) -> FastAPI:
     async def chat(request: Request) -> Any:
         req = await _parse(request, ChatRequest, cfg.max_body_bytes)
         check_chat(req, cfg.max_n)
-        return await once.answer(request, "chat", _print(request, req), lambda: _chat(request, req))
+        return await once.answer(request, "chat", req, lambda: _chat(request, req))
 
     async def _chat(request: Request, req: ChatRequest) -> Any:
         usage = bool((req.stream_options or {}).get("include_usage"))
@@ -200,9 +195,7 @@ def build_app(core: EndpointCore, auth_token: str | None = None) -> FastAPI:
             raise ServeError(
                 400, f"n: {req.n} is above this server's limit {cfg.max_n} (explorer.serve.max_n)", "n"
             )
-        return await once.answer(
-            request, "completions", _print(request, req), lambda: _complete(request, req)
-        )
+        return await once.answer(request, "completions", req, lambda: _complete(request, req))
 
     async def _complete(request: Request, req: CompletionRequest) -> Any:
         if req.stream:
@@ -219,7 +212,7 @@ def build_app(core: EndpointCore, auth_token: str | None = None) -> FastAPI:
             sid = core.feedback(req.reward, req.session_id, req.response_id, req.choice_index)
             return JSONResponse({"session_id": sid, "reward": req.reward})
 
-        return await once.answer(request, "feedback", _print(request, req), run)
+        return await once.answer(request, "feedback", req, run)
 
     @app.post("/v1/commit")
     async def commit(request: Request) -> Any:
@@ -229,6 +222,6 @@ def build_app(core: EndpointCore, auth_token: str | None = None) -> FastAPI:
             return JSONResponse(await core.commit(req.session_ids))
 
         # a commit of the same sessions succeeds once: its retry without a key gets that answer too
-        return await once.answer(request, "commit", _print(request, req), run, derive=True)
+        return await once.answer(request, "commit", req, run, derive=True)
 
     return app
