@@ -6,8 +6,12 @@ SIGSTOPped from the host in turn and never resumed:
 1. each turns `unhealthy` (its gRPC health check unanswered), `autoheal` restarts that container (a new
    process in the same container, not a restart policy: none acts on health), and the run goes on;
 2. no other container is restarted: the services waiting on the stopped one keep answering;
-3. the run ends by itself at `total_steps` and `rft audit` finds 0 lost, 0 trained twice;
-4. `down -v` leaves no container, network or volume of the project.
+3. Prometheus (deploy/docker-compose.prometheus.yml, the shipped rules with their intervals and the
+   stall threshold shortened) scrapes every service; each stopped service fires `RftServiceDown` and
+   its restart `RftServiceRestarted`; then both explorers are stopped (`compose stop`), the backlog
+   drains, the trainer stalls and `RftTrainingStalled` fires; they are started again;
+4. the run ends by itself at `total_steps` and `rft audit` finds 0 lost, 0 trained twice;
+5. `down -v` leaves no container, network or volume of the project.
 
 What it saw is written to ~/.cache/rft-deploy/last-hung.json.
 """
@@ -27,6 +31,7 @@ import yaml
 
 from tests.support.compose_stack import DEPLOY, Stack, free_ports, wait_for
 from tests.support.docker_engine import CACHE, Engine
+from tests.support.prometheus_api import PromApi, prometheus_dir
 
 pytestmark = [pytest.mark.deploy, pytest.mark.slow]
 
@@ -46,29 +51,34 @@ OVERRIDE = {
         "autoheal": {"command": ["python", "-m", "launcher.autoheal", "--interval", "2", "--grace", "5"]},
     }
 }
+JOBS = {f"rft-{name}" for name in ORDER}
 
 
 def _stack(engine: Engine, images: dict[str, str], tmp: Path) -> Stack:
     config = yaml.safe_load((DEPLOY / "config" / "run.yaml").read_text())
     config["trainer"].update(total_steps=TOTAL_STEPS, save_interval=10)
     (tmp / "run.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    (tmp / "hung.yml").write_text(yaml.safe_dump(OVERRIDE, sort_keys=False))
-    names = ("BUFFER_PORT", "EXPLORER_PORT", "TRAINER_PORT", "SYNCHRONIZER_PORT")
+    rules = prometheus_dir(tmp / "prometheus")
+    override = {
+        "services": {**OVERRIDE["services"], "prometheus": {"volumes": [f"{rules}:/etc/prometheus:ro"]}}
+    }
+    (tmp / "hung.yml").write_text(yaml.safe_dump(override, sort_keys=False))
+    names = ("BUFFER_PORT", "EXPLORER_PORT", "TRAINER_PORT", "SYNCHRONIZER_PORT", "PROMETHEUS_PORT")
     env = {
         "RFT_AUTH_TOKEN": TOKEN,
-        **{k: str(v) for k, v in zip(names, free_ports(4), strict=True)},
+        **{k: str(v) for k, v in zip(names, free_ports(len(names)), strict=True)},
         "PUBLISH_HOST": "127.0.0.1",
         "RFT_IMAGE": images["RFT_IMAGE"],
         "REDIS_IMAGE": images["REDIS_IMAGE"],
+        "PROMETHEUS_IMAGE": images["PROMETHEUS_IMAGE"],
         "RFT_RUN_CONFIG": str(tmp / "run.yaml"),
         "OMP_NUM_THREADS": "1",
     }
     env_file = tmp / "stack.env"
     env_file.write_text("".join(f"{k}={v}\n" for k, v in env.items()))
     # an absolute override path: `DEPLOY / name` keeps it as it is
-    return Stack(
-        engine, "rftdeploytesthung", env_file, env, files=("docker-compose.yml", str(tmp / "hung.yml"))
-    )
+    files = ("docker-compose.yml", "docker-compose.prometheus.yml", str(tmp / "hung.yml"))
+    return Stack(engine, "rftdeploytesthung", env_file, env, files=files)
 
 
 @pytest.mark.timeout(900)
@@ -101,6 +111,10 @@ def _run(stack: Stack, seen: dict[str, Any]) -> None:
     stack.compose("up", "-d", "--scale", "explorer=2")
     wait_for("3 trainer steps", lambda: stack.max_step() >= 3, 300, stack.describe)
     seen["first_steps_s"] = round(time.monotonic() - t0)
+    prom = PromApi(stack.env["PROMETHEUS_PORT"])
+    every_target_up = [*sorted((job, "up") for job in JOBS), ("rft-explorer", "up")]
+    wait_for("Prometheus to scrape every service", lambda: sorted(prom.targets()) == sorted(every_target_up),
+             120, lambda: f"targets: {prom.targets()}")  # fmt: skip
     watched = [c for c in stack.containers() if stack.inspect(c)["Config"]["Labels"].get("rft.autoheal")]
     before = {cid: _started(stack, cid) for cid in watched}
     paused: list[str] = []
@@ -122,6 +136,19 @@ def _run(stack: Stack, seen: dict[str, Any]) -> None:
         wait_for(f"trainer steps past {step + 3} after {service} was stopped",
                  lambda s=step: stack.max_step() > s + 3, 300, stack.describe)  # fmt: skip
         seen[f"{service}_stopped_at_step"] = step
+    for alert in ("RftServiceDown", "RftServiceRestarted"):
+        jobs = {labels["job"] for labels in prom.fired(alert)}
+        seen[f"alert_{alert}"] = sorted(jobs)
+        assert jobs == JOBS, (alert, jobs)
+
+    # every explorer stopped: the trainer takes what the buffer holds, then stalls and the alert fires
+    at = time.monotonic()
+    stack.compose("stop", "explorer")
+    since = lambda: f"{round(time.monotonic() - at) + 2}s"  # noqa: E731
+    wait_for("RftTrainingStalled to fire", lambda: prom.fired("RftTrainingStalled", since()), 180,
+             lambda: f"{stack.describe()}\nalerts: {prom._get('alerts')}")  # fmt: skip
+    seen["stalled_alert_after_s"] = round(time.monotonic() - at, 1)
+    stack.compose("start", "explorer")
 
     wait_for("the trainer to finish", lambda: stack.state("trainer")[0] == "exited", 600, stack.describe)
     status, code, _ = stack.state("trainer")
@@ -129,7 +156,7 @@ def _run(stack: Stack, seen: dict[str, Any]) -> None:
     for cid in watched:  # only the stopped ones were restarted, and no restart policy had to act
         info = stack.inspect(cid)
         assert info["RestartCount"] == 0, (info["Name"], stack.describe())
-        if cid not in paused and info["State"]["Running"]:
+        if cid not in paused and info["State"]["Running"] and "explorer" not in info["Name"]:
             assert _started(stack, cid)[0] == before[cid][0], f"{info['Name']} was restarted"
     heals = stack.logs(stack.one("autoheal"))
     seen["autoheal_restarts"] = heals.count("is unhealthy")
