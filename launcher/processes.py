@@ -255,7 +255,14 @@ class ServiceProcess:
             )
         except grpc.RpcError:  # DEADLINE_EXCEEDED: stopped or wedged; UNAVAILABLE: gone
             return None
-        return Answer(reply.heartbeat_age_s, reply.unit, reply.step, reply.moved_age_s)
+        return Answer(
+            reply.heartbeat_age_s,
+            reply.unit,
+            reply.step,
+            reply.moved_age_s,
+            stuck=reply.stuck,
+            stack=reply.stack,
+        )
 
     def terminate(self) -> None:
         """SIGTERM: the graceful stop of every service. Then SIGCONT: a stopped (SIGSTOP) process acts on
