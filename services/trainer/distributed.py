@@ -183,11 +183,13 @@ class CommandChannel:
         """On rank 0: make every rank execute `name(payload)`; returns rank 0's result."""
         if not self.info.is_main:
             raise RuntimeError("only rank 0 issues commands")
-        if self.info.world_size > 1:
-            self._broadcast(Command(name, payload))
         if name == STOP:
+            if self.info.world_size > 1:
+                self._broadcast(Command(name, payload))
             return None
-        with progress.work(f"trainer {name}"):  # rank 0's part; the broadcast above never waits long
+        with progress.work(f"trainer {name}"):  # rank 0's part, the broadcast to the others included
+            if self.info.world_size > 1:
+                self._broadcast(Command(name, payload))
             return self.handlers[name](payload)
 
     def stop_workers(self) -> None:
