@@ -5,12 +5,13 @@ On a Linux host without them (root, Debian's `debootstrap`, `uv` and `pip` on th
 package index works) this script makes the same images from local parts, and the compose file runs them
 unchanged:
 
-    python deploy/build_offline.py          # prints RFT_IMAGE=... and REDIS_IMAGE=... for deploy/.env
+    python deploy/build_offline.py          # prints RFT_IMAGE=, REDIS_IMAGE=, PROMETHEUS_IMAGE= for deploy/.env
 
 1. Base image: `debootstrap --variant=minbase bookworm` with Debian's python3 (3.11), python3-venv and
-   redis-server, imported with `docker import` (`rft-local/debian:bookworm-<key>`; the root filesystem
-   tarball is kept in the cache). It is also the Redis image (`rft-local/redis:7`: Debian's Redis 7.0;
-   the compose command passes `--protected-mode no`, which the official image has built in).
+   redis-server and prometheus, imported with `docker import` (`rft-local/debian:bookworm-<key>`; the root
+   filesystem tarball is kept in the cache). It is also the Redis image (`rft-local/redis:7`: Debian's
+   Redis 7.0; the compose command passes `--protected-mode no`, which the official image has built in)
+   and the Prometheus image (`rft-local/prometheus:2`: Debian's Prometheus 2.42).
 2. Wheelhouse, on the host: `uv pip compile` of the project's dependencies (and its build backend) for
    the base image's Python and glibc, with `requirements/constraints.txt` and the CPU torch build, then
    `pip download --no-deps` of that lock with the host's pip configuration (its index and find-links).
@@ -46,12 +47,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 SUITE = "bookworm"
-BASE_PACKAGES = ("python3", "python3-venv", "redis-server", "ca-certificates")
+BASE_PACKAGES = ("python3", "python3-venv", "redis-server", "prometheus", "ca-certificates")
 TORCH_VERSION = "2.13.0"
 VENV = "/opt/venv"
 BUILD_WHEELS = "/opt/wheels"
 INPUTS_LABEL = "org.rft-mesh.inputs"
 REDIS_IMAGE = "rft-local/redis:7"
+PROMETHEUS_IMAGE = "rft-local/prometheus:2"
 RECIPE = "1"  # bump when a step's recipe changes, so cached results of the old one are not reused
 
 
@@ -137,6 +139,7 @@ def base_image(cache: Path, mirror: str) -> str:
     _remove_other_entries(cache, "base-", tarball)
     _remove_other_tags("rft-local/debian", tag)
     _run(["docker", "tag", tag, REDIS_IMAGE])
+    _run(["docker", "tag", tag, PROMETHEUS_IMAGE])
     return tag
 
 
@@ -308,7 +311,7 @@ def build(tag: str = "rft-mesh:cpu", cache: Path | None = None, mirror: str | No
     wheels = wheelhouse(cache, probe(base))
     image = project_image(deps_image(base, wheels), tag, cache)
     _log(f"done in {time.monotonic() - start:.0f}s")
-    return {"RFT_IMAGE": image, "REDIS_IMAGE": REDIS_IMAGE}
+    return {"RFT_IMAGE": image, "REDIS_IMAGE": REDIS_IMAGE, "PROMETHEUS_IMAGE": PROMETHEUS_IMAGE}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -97,6 +97,17 @@ if ! command -v kubectl >/dev/null 2>&1; then
     echo "[setup] WARNING: could not install kubernetes-client; install kubectl yourself (the k8s manifest checks need it)" >&2
   fi
 fi
+# promtool (Debian's prometheus package), for the checks of deploy/prometheus/ (config, rules and the
+# alert tests: tests/unit/deploy/test_prometheus_rules.py). Not fatal where the package does not exist.
+if ! command -v promtool >/dev/null 2>&1; then
+  echo "[setup] installing promtool (prometheus)"
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1 && SUDO=sudo
+  if ! { command -v apt-get >/dev/null 2>&1 && $SUDO apt-get update -qq \
+      && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }; then
+    echo "[setup] WARNING: could not install prometheus; the Prometheus rule checks will skip" >&2
+  fi
+fi
 # A compose CLI, for the offline merges of the compose files (`docker-compose config` needs no engine;
 # tests/unit/deploy/test_deploy_compose*.py skip those merges loudly without it). The deploy tests install
 # the engine themselves. Not fatal where the package does not exist.

@@ -84,6 +84,12 @@ def load_service_plugins(config: RFTConfig, config_file: str, cli_dirs: Sequence
 Build = Callable[[RFTConfig], Awaitable[tuple[Sequence[Registration], Callable[[], Awaitable[None]] | None]]]
 
 
+def _write_port(path: str, port: int) -> None:
+    with open(path + ".tmp", "w") as fh:
+        fh.write(str(port))
+    os.replace(path + ".tmp", path)
+
+
 def start_metrics_server(host: str, port: int, setting: str = "metrics_port") -> int | None:
     """Serve Prometheus /metrics on `port` (0 = free port, -1 = off); returns the bound port. A port that
     cannot be bound is `PortInUseError` / `BindError` naming `setting`, as for the gRPC port."""
@@ -160,9 +166,9 @@ async def run_service(
             await close()
         raise
     if port_file:
-        with open(port_file + ".tmp", "w") as fh:
-            fh.write(str(handle.port))
-        os.replace(port_file + ".tmp", port_file)
+        _write_port(port_file, handle.port)
+        if metrics_port is not None:  # `run/<name>.port` -> `run/<name>.metrics_port`
+            _write_port(os.path.splitext(port_file)[0] + ".metrics_port", metrics_port)
     progress.configure(config.services.progress_timeout)
     heartbeat = liveness.PROCESS.start(health_follows_work(handle, log))
     log.info("serving", port=handle.port, metrics_port=metrics_port, services=handle.service_names)

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Protocol, TextIO, runtime_checkable
 
 from services.common.config import RFTConfig, resolve
+from services.common.prometheus_steps import StepExport
 from services.common.registry import Registry
 
 
@@ -256,9 +257,15 @@ def build_monitor(
     metrics_file: str,
     args: Mapping[str, Any] | None = None,
     console: bool = True,
+    role: str = "",
+    constants: Mapping[str, float] | None = None,
 ) -> MultiMonitor:
-    """JSON lines at `job_dir/metrics/<metrics_file>` + console + the configured backend."""
+    """JSON lines at `job_dir/metrics/<metrics_file>` + console + the configured backend; with a
+    `role` (trainer, explorer) also the process's Prometheus series (`prometheus_steps.StepExport`,
+    `constants` as fixed gauges)."""
     monitors: list[Monitor] = [JsonlMonitor(job_dir / "metrics" / metrics_file)]
+    if role:
+        monitors.append(StepExport(role, run_name, constants))
     if console:
         monitors.append(ConsoleMonitor(run_name))
     if monitor_type not in ("none", "console"):

@@ -122,6 +122,7 @@ async def build_core(
         job_dir=resolved.job_dir,
         metrics_file=metrics_file,
         args=config.monitor.monitor_args,
+        role="explorer",
     )
     if config.explorer.inflight_weight_update:
         enable_inflight(engines)

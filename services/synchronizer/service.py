@@ -5,6 +5,7 @@ JSON object a line, to `<job_dir>/synchronizer/events.jsonl`: the run's sync his
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import signal
@@ -12,11 +13,14 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
+from prometheus_client import REGISTRY
+
 from services.common import liveness
 from services.common.config import RFTConfig, resolve
 from services.common.rpc.server import Registration
 from services.synchronizer.core import SynchronizerCore
 from services.synchronizer.members import Event
+from services.synchronizer.metrics import SynchronizerCollector
 from services.synchronizer.servicer import registration
 from services.synchronizer.settings import SynchronizerSettings
 
@@ -43,11 +47,21 @@ def build_core(config: RFTConfig, on_event: Callable[[Event], None] | None = Non
 
 async def build(config: RFTConfig) -> tuple[Sequence[Registration], Callable[[], Awaitable[None]] | None]:
     events = EventLog(resolve(config).job_dir / "synchronizer" / "events.jsonl")
-    core = build_core(config, on_event=events)
+    collector: SynchronizerCollector | None = None
+
+    def on_event(event: Event) -> None:
+        events(event)
+        if collector is not None:
+            collector.count(event)
+
+    core = build_core(config, on_event=on_event)
+    collector = SynchronizerCollector(core, asyncio.get_running_loop())
+    REGISTRY.register(collector)
     await core.start()
     liveness.track("model version", lambda: core.published.version)
 
     async def close() -> None:
+        REGISTRY.unregister(collector)
         await core.close()
         events.close()
 

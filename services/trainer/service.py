@@ -64,17 +64,21 @@ def build_core(
     config: RFTConfig, info: DistInfo, engine: FSDPEngine, source, console: bool = True
 ) -> TrainerCore:
     """The core of rank 0 (the engine is built by the caller, on every rank)."""
+    settings = engine.worker.settings
+    bound = settings.sync_plan.default_staleness()  # staleness_control's, or fully_async's
     monitor = build_monitor(
         config.monitor.monitor_type,
         project=config.project,
         run_name=resolve(config).trainer_run_name,
-        job_dir=engine.worker.settings.job_dir,
+        job_dir=settings.job_dir,
         metrics_file="trainer.jsonl",
         args=config.monitor.monitor_args,
         console=console,
+        role="trainer",
+        constants={"checkpoint_interval_steps": settings.save_interval}
+        | ({"staleness_bound": bound} if bound is not None else {}),
     )
-    bound = engine.worker.settings.sync_plan.default_staleness()  # staleness_control's, or fully_async's
-    return TrainerCore(engine.worker.settings, engine, source, monitor, max_staleness=bound)
+    return TrainerCore(settings, engine, source, monitor, max_staleness=bound)
 
 
 async def build(config: RFTConfig) -> tuple[Sequence[Registration], Callable[[], Awaitable[None]] | None]:

@@ -1,7 +1,8 @@
 """`rft top` against a real run, read off a real terminal: a short quickstart-like `rft run` (the tiny
 model, one stage) is watched by `rft top JOB_DIR` in a tmux session, whose screen is captured until it
 shows the four services answering, the trainer past step 0 and a reward sparkline; `rft top CONFIG
---once` (the job found from the run config) prints the same frame once and exits."""
+--once` (the job found from the run config) prints the same frame once and exits. The same live
+services' `/metrics` carry every `rft_*` series deploy/prometheus's rules read."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import urllib.request
 import uuid
 
 import pytest
@@ -37,6 +39,21 @@ def _trainer_step(screen: str) -> int:
     return int(found.group(1)) if found else 0
 
 
+def _scraped(run_dir) -> set[str]:
+    ports = {p.name: int(p.read_text()) for p in run_dir.glob("*.metrics_port")}
+    assert len(ports) == len(SERVICES), ports
+    names = set()
+    for port in ports.values():
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+            names |= {line.split("{")[0].split(" ")[0] for line in reply.read().decode().splitlines()}
+    return names
+
+
+def _read_by_rules() -> set[str]:
+    rules = (ROOT / "deploy" / "prometheus" / "rules").glob("*.yml")
+    return set(re.findall(r"\b(rft_[a-z_]+)\b", "".join(p.read_text() for p in rules)))
+
+
 def _shows_the_run(screen: str) -> bool:
     rows = _rows(screen)
     up = all(" up " in rows.get(name, "") for name in SERVICES)
@@ -53,6 +70,8 @@ def test_rft_top_shows_a_live_run_in_a_terminal(tmp_path):
     tree["trainer"].update(save_interval=0, save_hf_checkpoint="never")
     tree["explorer"]["eval_on_startup"] = False
     tree["monitor"] = {"monitor_type": "none"}
+    for name in SERVICES:  # `rft run` picks free ports and writes them to run/<name>.metrics_port
+        tree.setdefault("services", {}).setdefault(name, {})["metrics_port"] = 9090
     config = write_config(tmp_path / "run.yaml", tree)
     job = tmp_path / "ckpt" / "quickstart" / "arithmetic"
     log = tmp_path / "rft.log"
@@ -89,6 +108,8 @@ def test_rft_top_shows_a_live_run_in_a_terminal(tmp_path):
                               cwd=ROOT, env=env(), capture_output=True, text=True, timeout=60)  # fmt: skip
         assert once.returncode == 0, once.stdout + once.stderr
         assert f"job {job}" in once.stdout and _shows_the_run(once.stdout), once.stdout
+        missing = _read_by_rules() - _scraped(job / "run")
+        assert not missing, f"series the alert rules read that the live services do not serve: {missing}"
     finally:
         subprocess.run([*tmux, "kill-server"], capture_output=True)
         if proc.poll() is None:
