@@ -9,7 +9,9 @@ stops them in order (explorers and trainer first, so the trainer flushes its che
 buffer is still up). The processes a child starts share its process group: once the child has exited
 (seen by `poll`, `running` or `wait`), what is left of its group is SIGKILLed, so nothing it started
 outlives it (a SIGKILLed explorer's vLLM engine core and workers would otherwise keep running,
-reparented to init, holding their memory while the restarted explorer starts new ones). On Linux each child also gets `PR_SET_PDEATHSIG`: if `rft run` itself dies
+reparented to init, holding their memory while the restarted explorer starts new ones). `kill` (a hung
+process) also SIGKILLs what it started in sessions of their own (torchrun's ranks), found under /proc
+first: a SIGSTOPped rank would otherwise outlive its group, stopped. On Linux each child also gets `PR_SET_PDEATHSIG`: if `rft run` itself dies
 without cleaning up (SIGKILL), the kernel sends the child SIGTERM, so no orphan keeps running.
 
 The child sets that itself, in a few lines of Python that then exec the service (same pid), rather than
@@ -255,7 +257,14 @@ class ServiceProcess:
             )
         except grpc.RpcError:  # DEADLINE_EXCEEDED: stopped or wedged; UNAVAILABLE: gone
             return None
-        return Answer(reply.heartbeat_age_s, reply.unit, reply.step, reply.moved_age_s)
+        return Answer(
+            reply.heartbeat_age_s,
+            reply.unit,
+            reply.step,
+            reply.moved_age_s,
+            stuck=reply.stuck,
+            stack=reply.stack,
+        )
 
     def terminate(self) -> None:
         """SIGTERM: the graceful stop of every service. Then SIGCONT: a stopped (SIGSTOP) process acts on
@@ -267,12 +276,18 @@ class ServiceProcess:
                 self.proc.send_signal(signal.SIGCONT)
 
     def kill(self) -> None:
+        """SIGKILL it, its process group, and every process it started in a session of its own
+        (torchrun's ranks: a stopped rank would never notice its group gone and stay, stopped, forever)."""
         if self.running:
             assert self.proc is not None
+            others = descendants(self.proc.pid)
             try:
-                os.killpg(self.proc.pid, signal.SIGKILL)  # also torchrun's ranks
+                os.killpg(self.proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 self.proc.kill()
+            for pid in others:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
 
     def wait(self, timeout_s: float) -> int | None:
         if self.proc is None:
@@ -290,6 +305,21 @@ class ServiceProcess:
     def first_error(self) -> str | None:
         """The first exception this start of the process logged ('Type: message'), if any."""
         return first_error(self.log_file, self.log_offset)
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes `pid` started, and theirs (Linux: /proc; elsewhere none)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
 
 
 def describe_exit(code: int) -> str:

@@ -22,6 +22,9 @@ restart) a background task asks its `rft.v1.Liveness` every few seconds. One tha
 the window (stopped, wedged, its event loop blocked) is killed (SIGKILL to its process group, torchrun's
 ranks included) and then takes the crash path above, budget and stage restart included, with one line:
 `explorer hung: no answer for 60 s (last heard on explore step 25); killed and restarted (1/3)`.
+A process that answers but says its work is stuck (`services.progress_timeout`: a thread blocked in a
+collective, a generate call that never returns, a trainer rank > 0 stopped) is hung too; the stuck
+thread's Python stack, as the process reported it, is logged before it is killed.
 
 Each restart's count is written to `run/<name>.restarts` (next to the port file) for `rft top`.
 
@@ -202,7 +205,10 @@ class Supervisor:
             await _wait(stop, POLL_S)
 
     async def _on_hung(self, p: ServiceProcess, reason: str) -> str | None:
-        """`p` stopped answering: SIGKILL it, then handle it as a crash (`_on_exit`)."""
+        """`p` stopped answering (or its work stopped moving): SIGKILL it, then handle it as a crash."""
+        stack = self.watchdog.stack(p.name)
+        if stack:
+            self._say(f"{p.name} stuck thread's stack (as it reported it):\n{stack.rstrip()}")
         self._unwatch(p.name)
         p.kill()
         code = await asyncio.to_thread(p.wait, 30.0)

@@ -11,6 +11,10 @@ when it answers that its heartbeat has not run for `timeout_s`.
 Only the process's own liveness is judged. Its step and how long it has stayed there are kept for the
 message, never held against it: an explorer waiting for weights, a trainer waiting for data and an idle
 buffer stay on one step while their loops turn, and a healthy service waiting on a hung peer is not blamed.
+Its work is judged, by the process itself (services/common/progress.py, `services.progress_timeout`): an
+answer that says `stuck` (a unit of work in flight has not moved for its limit, e.g. a thread blocked in
+a collective whose peer rank is stopped, or a trainer rank > 0 stopped) makes the process hung too, its
+loop's answers notwithstanding; `stack` keeps the stuck thread's Python stack for the supervisor's log.
 Nothing is asked before a process is first ready (`watch` starts the clock): a long model load or vLLM
 start is the ready timeout's to judge, and so is a restarted process until it is ready again.
 
@@ -34,6 +38,8 @@ class Answer:
     unit: str = ""
     step: int = 0
     moved_age_s: float = 0.0
+    stuck: str = ""  # why its work in flight is stuck; empty while it moves
+    stack: str = ""  # the stuck thread's Python stack
 
     @property
     def where(self) -> str:
@@ -107,4 +113,11 @@ class Watchdog:
         answer = watch.answer
         if answer is not None and answer.heartbeat_age_s > self.timeout_s:
             return f"its event loop has not run its heartbeat for {answer.heartbeat_age_s:.0f} s"
+        if answer is not None and answer.stuck:
+            return f"its event loop answers but its work does not move: {answer.stuck}"
         return None
+
+    def stack(self, name: str) -> str:
+        """The stuck thread's stack `name` last reported ('' when none)."""
+        watch = self._watched.get(name)
+        return watch.answer.stack if watch is not None and watch.answer is not None else ""

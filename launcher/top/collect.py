@@ -55,6 +55,7 @@ class ServiceView:
     uptime_s: float = 0.0
     pid: int = 0
     restarts: int | None = None
+    stuck: str = ""  # its work in flight has not moved for its limit (services/common/progress.py)
 
 
 @dataclass
@@ -240,7 +241,7 @@ class Collector:
             view.error = "no port yet" if not target.address else _why(exc)
             return
         view.answered = True
-        view.unit, view.step, view.pid = reply.unit, reply.step, reply.pid
+        view.unit, view.step, view.pid, view.stuck = reply.unit, reply.step, reply.pid, reply.stuck
         view.moved_age_s, view.heartbeat_age_s, view.uptime_s = (
             reply.moved_age_s,
             reply.heartbeat_age_s,

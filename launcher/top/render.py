@@ -52,6 +52,8 @@ def _services(snap: Snapshot) -> Table:
             continue
         state = Text("up", style="green") if s.heartbeat_age_s < 5 else Text(
             f"loop late {s.heartbeat_age_s:.0f}s", style="yellow")  # fmt: skip
+        if s.stuck:  # the loop answers, the work does not move
+            state = Text(f"stuck: {s.stuck}", style="bold red")
         step = f"{s.step} {s.unit}".strip() if s.unit else str(s.step)
         table.add_row(
             s.name, s.address, state, step, _age(s.moved_age_s), _age(s.uptime_s), restarts, str(s.pid)

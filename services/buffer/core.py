@@ -40,6 +40,7 @@ from services.buffer.records import (
 from services.buffer.settings import BufferSettings
 from services.buffer.store import DEFAULT_CONSUMER_GROUP, Store
 from services.buffer.validation import validate_batch
+from services.common import progress
 from services.common.rpc.bounds import MAX_ID_CHARS, list_problem, shown, text_problem
 
 # Upper bound of GetBatch's `min_model_version`; see `check_min_model_version`.
@@ -169,7 +170,8 @@ class BufferCore:
         while True:
             event = self._changed
             try:
-                outcome = await self.store.put(records, producer=producer, sequence=sequence)
+                with progress.work("buffer commit"):  # services/common/progress.py
+                    outcome = await self.store.put(records, producer=producer, sequence=sequence)
             except BufferFull:
                 if self.settings.on_full != "wait":
                     raise

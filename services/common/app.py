@@ -15,7 +15,9 @@ the exception (`failed to start`, with its traceback) and exits 1, or 2 for plug
 `rft run` shows that first exception in its failure message.
 
 Every service also serves `rft.v1.Liveness` (services/common/liveness.py): a heartbeat on its event loop
-and the step it is on (`liveness.track(...)` in its build), which `rft run` asks to tell a hung process.
+and the step it is on (`liveness.track(...)` in its build), which `rft run` asks to tell a hung process,
+and whether its unit of work in flight moves (services/common/progress.py, `services.progress_timeout`):
+while it is stuck the standard health check answers NOT_SERVING.
 """
 
 from __future__ import annotations
@@ -28,9 +30,10 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 
+from grpc_health.v1 import health_pb2
 from prometheus_client import start_http_server
 
-from services.common import liveness
+from services.common import liveness, progress
 from services.common.config import ConfigError, RFTConfig, load_config
 from services.common.log import configure_logging
 from services.common.plugins import PluginError, load_plugin_dirs, python_path, resolve_plugin_dirs
@@ -38,6 +41,7 @@ from services.common.rpc.server import (
     BindError,
     PortInUseError,
     Registration,
+    ServerHandle,
     serve_until_signal,
     start_server,
 )
@@ -165,13 +169,28 @@ async def run_service(
         _write_port(port_file, handle.port)
         if metrics_port is not None:  # `run/<name>.port` -> `run/<name>.metrics_port`
             _write_port(os.path.splitext(port_file)[0] + ".metrics_port", metrics_port)
-    heartbeat = liveness.PROCESS.start()
+    progress.configure(config.services.progress_timeout)
+    heartbeat = liveness.PROCESS.start(health_follows_work(handle, log))
     log.info("serving", port=handle.port, metrics_port=metrics_port, services=handle.service_names)
     try:
         await serve_until_signal(handle, on_stop=close, stop_event=stop)
     finally:
         await liveness.stop_heartbeat(heartbeat)
     log.info("stopped")
+
+
+def health_follows_work(handle: ServerHandle, log=None) -> Callable[[bool], Awaitable[None]]:
+    """The heartbeat's `on_stuck`: the standard health check answers NOT_SERVING while the work in flight
+    is stuck (what the compose healthcheck and the Kubernetes probe fail on), SERVING once it moves."""
+
+    async def on_stuck(stuck: bool) -> None:
+        serving = health_pb2.HealthCheckResponse
+        if not handle.stopped.is_set():
+            await handle.health.set("", serving.NOT_SERVING if stuck else serving.SERVING)
+        if stuck and log is not None:
+            log.error("work stuck", stuck=liveness.PROCESS.work().stuck)
+
+    return on_stuck
 
 
 def service_main(service: str, build: Build, argv: Sequence[str] | None = None) -> int:

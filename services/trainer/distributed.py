@@ -14,6 +14,10 @@ Commands go over the channel's own gloo group, not the default group: a worker r
 there as long as rank 0 likes (slow first rollouts, an explorer restart, a long weight-sync join)
 without meeting the default group's timeout or NCCL's watchdog, and it still learns at once when
 rank 0 dies, because gloo raises as soon as the peer's connection closes.
+
+Each command a rank executes is a unit of work (services/common/progress.py, "trainer train_step"):
+a rank blocked in one of its collectives because a peer is stopped is found by its progress, not by a
+collective.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
+
+from services.common import progress
 
 __all__ = [
     "COMMAND_TIMEOUT",
@@ -177,11 +183,14 @@ class CommandChannel:
         """On rank 0: make every rank execute `name(payload)`; returns rank 0's result."""
         if not self.info.is_main:
             raise RuntimeError("only rank 0 issues commands")
-        if self.info.world_size > 1:
-            self._broadcast(Command(name, payload))
         if name == STOP:
+            if self.info.world_size > 1:
+                self._broadcast(Command(name, payload))
             return None
-        return self.handlers[name](payload)
+        with progress.work(f"trainer {name}"):  # rank 0's part, the broadcast to the others included
+            if self.info.world_size > 1:
+                self._broadcast(Command(name, payload))
+            return self.handlers[name](payload)
 
     def stop_workers(self) -> None:
         if self.info.world_size > 1:
@@ -196,4 +205,5 @@ class CommandChannel:
             command = self._broadcast(None)
             if command.name == STOP:
                 return
-            self.handlers[command.name](command.payload)
+            with progress.work(f"trainer {command.name}"):  # reported by this rank's RankBeacon
+                self.handlers[command.name](command.payload)

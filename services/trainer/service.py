@@ -1,6 +1,8 @@
 """Assembles the trainer from the run config: process group, FSDP2 engine, buffer client, monitor,
 core (resumed from the latest checkpoint when asked), weight sync and the servicer that
-`service_main` serves on rank 0.  Ranks > 0 build the same engine and serve rank 0's commands.
+`service_main` serves on rank 0.  Ranks > 0 build the same engine and serve rank 0's commands, and
+write their progress records (`<job_dir>/progress/rank<N>.json`) that rank 0's liveness answer judges:
+a stopped or wedged rank makes the trainer stuck, and `rft run` restarts it with all its ranks.
 
 With a synchronizer address (`services.synchronizer.address` or `host`+`port`, or
 `RFT_SYNCHRONIZER_ADDRESS`/`_PORT`) the trainer registers as member `trainer`, heartbeats, and syncs
@@ -22,13 +24,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 
 import grpc
 from rft.v1 import common_pb2, synchronizer_pb2
 
-from services.common import liveness
+from services.common import liveness, progress
 from services.common.app import stop_service
 from services.common.buffer_client import BufferClient
 from services.common.config import RFTConfig, resolve
@@ -90,6 +94,9 @@ async def build(config: RFTConfig) -> tuple[Sequence[Registration], Callable[[],
     core = build_core(config, info, engine, source)
     await core.prepare()
     liveness.track("trainer step", lambda: core.global_step)
+    if info.world_size > 1:  # ranks > 0 serve no RPC: their progress records say whether they move
+        floor, folder = config.services.progress_timeout, progress_folder(settings)
+        liveness.PROCESS.watch_ranks(lambda: progress.rank_reports(folder, range(1, info.world_size), floor))
     client = _sync_client(config)
     weight_sync = WeightSync(
         core,
@@ -259,9 +266,19 @@ def run_worker_rank(config: RFTConfig) -> int:
     """
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    settings = TrainerSettings.from_config(config)
+    progress.configure(config.services.progress_timeout)
+    rank = int(os.environ.get("RANK", "0"))
+    beacon = progress.RankBeacon(progress_folder(settings), rank).start()  # before rank 0 can serve
     info = ensure_process_group()
-    engine = FSDPEngine(TrainerSettings.from_config(config), info)
+    engine = FSDPEngine(settings, info)
     engine.serve_workers()
     engine.worker.wait_for_save()
     leave_process_group(info)
+    beacon.stop()
     return 0
+
+
+def progress_folder(settings: TrainerSettings) -> Path:
+    """Where each trainer rank > 0 writes its progress record (services/common/progress.py)."""
+    return Path(settings.job_dir) / "progress"

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15rft/v1/liveness.proto\x12\x06rft.v1\"\x11\n\x0fProgressRequest\"z\n\x0fServiceProgress\x12\x17\n\x0fheartbeat_age_s\x18\x01 \x01(\x01\x12\x0c\n\x04unit\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x13\n\x0bmoved_age_s\x18\x04 \x01(\x01\x12\x10\n\x08uptime_s\x18\x05 \x01(\x01\x12\x0b\n\x03pid\x18\x06 \x01(\x05\x32H\n\x08Liveness\x12<\n\x08Progress\x12\x17.rft.v1.ProgressRequest\x1a\x17.rft.v1.ServiceProgressb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15rft/v1/liveness.proto\x12\x06rft.v1\"\x11\n\x0fProgressRequest\"\xea\x01\n\x0fServiceProgress\x12\x17\n\x0fheartbeat_age_s\x18\x01 \x01(\x01\x12\x0c\n\x04unit\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\x03\x12\x13\n\x0bmoved_age_s\x18\x04 \x01(\x01\x12\x10\n\x08uptime_s\x18\x05 \x01(\x01\x12\x0b\n\x03pid\x18\x06 \x01(\x05\x12\x0c\n\x04work\x18\x07 \x01(\t\x12\x12\n\nwork_age_s\x18\x08 \x01(\x01\x12\x18\n\x10work_moved_age_s\x18\t \x01(\x01\x12\x14\n\x0cwork_limit_s\x18\n \x01(\x01\x12\r\n\x05stuck\x18\x0b \x01(\t\x12\r\n\x05stack\x18\x0c \x01(\t2H\n\x08Liveness\x12<\n\x08Progress\x12\x17.rft.v1.ProgressRequest\x1a\x17.rft.v1.ServiceProgressb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,8 +33,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PROGRESSREQUEST']._serialized_start=33
   _globals['_PROGRESSREQUEST']._serialized_end=50
-  _globals['_SERVICEPROGRESS']._serialized_start=52
-  _globals['_SERVICEPROGRESS']._serialized_end=174
-  _globals['_LIVENESS']._serialized_start=176
-  _globals['_LIVENESS']._serialized_end=248
+  _globals['_SERVICEPROGRESS']._serialized_start=53
+  _globals['_SERVICEPROGRESS']._serialized_end=287
+  _globals['_LIVENESS']._serialized_start=289
+  _globals['_LIVENESS']._serialized_end=361
 # @@protoc_insertion_point(module_scope)

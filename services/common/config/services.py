@@ -141,8 +141,17 @@ class ServicesConfig(Section):
     # (it counts against `max_restarts`). Not asked before a service is first ready (a long model load
     # or vLLM start is `rft run`'s ready timeout's), nor while a restarted one gets ready. 0 = off.
     liveness_timeout: float = Field(120.0, ge=0)
+    # Seconds a service's unit of work in flight (a trainer step on any rank, a generate call, a weight
+    # load, a buffer commit) may go without moving while its event loop still answers (a thread blocked
+    # in a collective whose peer rank is stopped, a generate call that never returns) before the service
+    # is stuck: `rft run` then kills and restarts it as hung (the trainer with all its ranks), logging the
+    # stuck thread's Python stack, and its health check answers NOT_SERVING (compose, Kubernetes). The
+    # floor of a limit sized by the work: each unit may take 3x the longest recent unit of its kind, so a
+    # slow step on a loaded machine is not killed. Also how long a trainer rank > 0 may leave its progress
+    # record unwritten (stopped). Judged through the liveness check: needs `liveness_timeout` > 0. 0 = off.
+    progress_timeout: float = Field(900.0, ge=0)
 
-    @field_validator("liveness_timeout")
+    @field_validator("liveness_timeout", "progress_timeout")
     @classmethod
     def _liveness_window(cls, value: float) -> float:
         if 0 < value < MIN_LIVENESS_TIMEOUT_S:

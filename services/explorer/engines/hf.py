@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from services.common import progress
 from services.common.config import InferenceModelConfig
 from services.common.gpu_memory import cap_cuda_memory
 from services.common.modeling import load_model, load_tokenizer, resolve_dtype
@@ -197,6 +198,10 @@ class HFEngine(EngineState):
             self._draining = False
 
     def _run(self, rows: list[Row]) -> list[GenerationOutput]:
+        with progress.work("generate call"):  # moves with each sampled token (hf_generate)
+            return self._run_batch(rows)
+
+    def _run_batch(self, rows: list[Row]) -> list[GenerationOutput]:
         try:
             with self._lock:
                 version = self._generator.version = self._version
@@ -224,6 +229,12 @@ class HFEngine(EngineState):
         await asyncio.to_thread(self.load_weights_sync, named_tensors, version, strict)
 
     def load_weights_sync(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, strict: bool = True
+    ) -> None:
+        with progress.work("weight load"):
+            self._load_weights(named_tensors, version, strict)
+
+    def _load_weights(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, strict: bool = True
     ) -> None:
         if not self.inflight:

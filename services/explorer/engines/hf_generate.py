@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from services.common import progress
 from services.explorer.engines.base import GenerationOutput, SamplingParams
 from services.explorer.engines.lean_decoder import LeanDecoder, unsupported
 from services.explorer.engines.sampling import RowParams, apply_repetition_penalty, sample_dist
@@ -160,6 +161,7 @@ class HFGenerator:
         cache = lean.new_cache(batch, width + max_new) if lean is not None else DynamicCache()
         step_ids, step_pos = ids, positions
         for t in range(max_new):
+            progress.moved()  # the generate call moves (services/common/progress.py)
             if hook is not None and hook() and t > 0:  # new weights: re-read the prefix with them
                 cache, step_ids, step_pos = self._reprefill(ids, tokens, active, mask, t, width + max_new)
             if versions is not None:

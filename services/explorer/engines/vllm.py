@@ -47,6 +47,7 @@ from typing import Any
 
 import torch
 
+from services.common import progress
 from services.common.config import InferenceModelConfig
 from services.common.modeling import load_tokenizer
 from services.explorer.engines.base import EngineState, GenerationOutput, SamplingParams, per_prompt_params
@@ -359,12 +360,14 @@ class VLLMEngine(EngineState):
         self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
     ) -> list[list[GenerationOutput]]:
         per = per_prompt_params(prompts, params)
-        async with self._gate.generating():  # never sample across a weight update
-            await self.wake_up()
-            t0 = time.perf_counter()
-            outs = await asyncio.gather(
-                *(self._one([int(t) for t in p], sp) for p, sp in zip(prompts, per, strict=True))
-            )
+        # one unit of work (services/common/progress.py); awaited on the loop, so no thread stack
+        with progress.work("generate call"):
+            async with self._gate.generating():  # never sample across a weight update
+                await self.wake_up()
+                t0 = time.perf_counter()
+                outs = await asyncio.gather(
+                    *(self._one([int(t) for t in p], sp) for p, sp in zip(prompts, per, strict=True))
+                )
         self._stats["generate_seconds"] += time.perf_counter() - t0
         self._stats["generated_tokens"] += sum(len(o.token_ids) for g in outs for o in g)
         self._stats["requests"] += sum(len(g) for g in outs)

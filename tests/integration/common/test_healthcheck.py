@@ -1,6 +1,7 @@
 """The compose health probe (`python -m services.common.healthcheck HOST:PORT`) against a real grpc.aio
 server: 0 while SERVING (also with a bearer token on, since health stays open), 1 once the server says
-NOT_SERVING, and 1 when nothing listens."""
+NOT_SERVING (also when the service's work is stuck: services/common/progress.py), and 1 when nothing
+listens."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ from pathlib import Path
 from grpc_health.v1 import health_pb2
 from rft.v1 import buffer_pb2_grpc
 
+from services.common.app import health_follows_work
 from services.common.healthcheck import main
+from services.common.liveness import Liveness
+from services.common.progress import Tracker
 from services.common.rpc import start_server
 from services.weight_sync import free_port
 
@@ -63,4 +67,28 @@ async def test_module_entry_point_as_the_compose_healthcheck_runs_it():
         assert proc.returncode == 0, err.decode()
         assert out.decode().strip() == f"{handle.address}: SERVING"
     finally:
+        await handle.stop(0)
+
+
+async def test_probe_fails_while_the_work_is_stuck_and_passes_once_it_moves(capsys):
+    """The decision the compose healthcheck and the Kubernetes probe take on a wedged service: its loop
+    answers, but a unit of work past its limit (services/common/progress.py) flips health to NOT_SERVING."""
+    clock = [0.0]
+    live = Liveness(lambda: clock[0])
+    live.tracker = Tracker(5, lambda: clock[0])
+    handle = await _start()
+    task = live.start(health_follows_work(handle))
+    try:
+        with live.tracker.work("generate call"):
+            await live._judge()
+            assert await asyncio.to_thread(main, [handle.address]) == 0
+            clock[0] += 6
+            await live._judge()
+            assert await asyncio.to_thread(main, [handle.address]) == 1
+            assert "NOT_SERVING" in capsys.readouterr().out
+        await live._judge()
+        assert await asyncio.to_thread(main, [handle.address]) == 0
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
         await handle.stop(0)

@@ -183,3 +183,55 @@ async def test_a_stopped_service_asked_to_stop_stops_gracefully(tmp_path, config
     finally:
         p.kill()
     assert events.read_text().split()[-3:-1] == ["trainer", "stopped"], events.read_text()
+
+
+async def test_a_generate_call_wedged_on_a_lock_held_by_a_stopped_helper_is_found_and_replaced(
+    tmp_path, capsys
+):
+    """A real wedge, not a flag: the explorer's generate calls share a multiprocessing lock with a helper
+    process, which takes it and stops (SIGSTOP). The explorer's event loop keeps answering its liveness
+    check, but its generate call does not move past `services.progress_timeout`: it is found hung, the
+    stuck thread's stack is logged (blocked on the lock), and it is killed with its helper and restarted."""
+    config = tmp_path / "config.yaml"
+    config.write_text("services:\n  buffer: {store: memory}\n  progress_timeout: 3\nlog: {format: json}\n")
+    finish, wedge = tmp_path / "finish", tmp_path / "wedge"
+    sync = _process(tmp_path, config, "synchronizer")
+    explorer = _process(
+        tmp_path, config, "explorer", "--finish-file", str(finish), "--wedge-file", str(wedge)
+    )
+    sup = _supervisor([[sync], [explorer]], max_restarts=3)
+    stop = asyncio.Event()
+    try:
+        await sup.start(stop)
+        first_pid = explorer.pid
+        task = asyncio.create_task(sup.supervise(stop))
+        await _until(lambda: sup.watchdog.watched == ["synchronizer", "explorer"], task, "both watched")
+        await asyncio.wait([task], timeout=4)  # its generate calls move: more than the floor is no hang
+        assert sup.restarts == {"synchronizer": 0, "explorer": 0} and explorer.pid == first_pid
+        helper = int(await _until(lambda: Path(f"{wedge}.pid").is_file() and Path(f"{wedge}.pid").read_text(),
+                                  task, "the helper's pid"))  # fmt: skip
+        Path(f"{wedge}.pid").unlink()
+        wedged_at = time.monotonic()
+        wedge.touch()  # the helper takes the lock and stops; the explorer's next call blocks on it
+        await _until(lambda: explorer.pid != first_pid and not sup.recovering, task, "the explorer back")
+        took = time.monotonic() - wedged_at
+        assert sup.restarts == {"synchronizer": 0, "explorer": 1}
+        assert (
+            not Path(f"/proc/{helper}").exists() or "Z" in Path(f"/proc/{helper}/stat").read_text().split()[2]
+        )
+        wedge.unlink()  # the new explorer's helper does not stop
+        finish.touch()
+        assert await asyncio.wait_for(task, 30) == "finished"
+    finally:
+        _resume(sync, explorer)
+        await sup.shutdown()
+    out = capsys.readouterr().out
+    found = re.search(
+        r"\[t\] explorer hung: its event loop answers but its work does not move: generate call has not moved "
+        r"for (\d+) s \(limit 3 s\); killed and restarted \(1/3\)", out
+    )  # fmt: skip
+    assert found, out
+    stack = out[out.index("[t] explorer stuck thread's stack") : found.start()]
+    assert "_generate_calls" in stack and "with progress.work" in stack, stack
+    assert 3 <= took < 3 + 2 * WINDOW_S, took
+    print(f"wedge found and replaced in {took:.1f} s")

@@ -45,3 +45,35 @@ def test_a_child_dies_with_its_sigkilled_launcher(tmp_path):
         if launcher.poll() is None:
             launcher.kill()
         launcher.wait(10)
+
+
+RANK_IN_ITS_OWN_SESSION = """
+import os, signal, subprocess, sys
+rank = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"], start_new_session=True)
+os.kill(rank.pid, signal.SIGSTOP)  # as torchrun's rank 1 in the wedge test: stopped, in its own session
+open(sys.argv[1], "w").write(str(rank.pid))
+signal.pause()
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="descendants are read from /proc")
+def test_kill_also_ends_a_stopped_grandchild_in_a_session_of_its_own(tmp_path):
+    """What `rft run` does to a hung trainer: torchrun's ranks run in sessions of their own, out of the
+    process group's SIGKILL, and a stopped rank would never notice its group gone."""
+    from launcher.processes import ServiceProcess
+
+    pid_file = tmp_path / "rank.pid"
+    p = ServiceProcess(name="trainer", argv=[sys.executable, "-c", RANK_IN_ITS_OWN_SESSION, str(pid_file)],
+                       log_file=tmp_path / "trainer.log")  # fmt: skip
+    p.start(ROOT)
+    rank = 0
+    try:
+        rank = int(poll_until(lambda: pid_file.is_file() and pid_file.read_text(), 30, "the rank's pid"))
+        assert Path(f"/proc/{rank}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+        p.kill()
+        assert p.wait(10) is not None
+        poll_until(lambda: not alive(rank), 10, "the stopped rank to be gone")
+    finally:
+        p.kill()
+        if rank and alive(rank):  # a failed run leaves no stopped process behind
+            os.kill(rank, signal.SIGKILL)

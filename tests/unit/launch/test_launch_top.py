@@ -53,6 +53,7 @@ def test_render_shows_every_part_and_a_service_that_did_not_answer():
                 uptime_s=125.0,
                 pid=11,
                 restarts=0,
+                stuck="weight load has not moved for 30 s (limit 20 s)",
             ),
             ServiceView("buffer", "buffer", "127.0.0.1:5002", False, error="UNAVAILABLE", restarts=2),
             ServiceView(
@@ -90,6 +91,7 @@ def test_render_shows_every_part_and_a_service_that_did_not_answer():
     lines = {
         line.split()[1]: line for line in text.splitlines() if line.startswith("│ ") and len(line.split()) > 2
     }
+    assert "stuck: weight" in lines["synchronizer"]  # its loop answers, its work does not move
     assert "no answer (UNAVAILABLE)" in lines["buffer"] and " 2 " in lines["buffer"]
     assert "up" in lines["trainer"] and "7 trainer step" in lines["trainer"] and "2m" in lines["trainer"]
     assert "running" in lines["explorer-0"] and "812" in lines["explorer-0"] and "0.75" in lines["explorer-0"]
