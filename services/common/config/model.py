@@ -77,3 +77,9 @@ class ClusterConfig(Section):
     node_num: int = Field(1, ge=1)
     gpu_per_node: int = Field(0, ge=0)
     gpu_memory_gib: float = Field(80.0, gt=0)
+    # veRL's hybrid engine: the trainer's ranks and the explorers' rollout engines time-share the same
+    # GPUs (gpus.py `place_colocated`). The engines sleep (vLLM sleep mode; the hf engine moves its
+    # weights off the device) while the trainer steps and wake for the next rollout; needs mode both
+    # and a strictly synchronous plan (synchronizer.sync_style fixed, explorer_driven or trainer_driven
+    # with sync_offset 0).
+    colocate: bool = False
