@@ -113,7 +113,7 @@ class Resolved:
         if self.shared_gpu:
             update["gpu_memory_utilization"] = self.rollout_gpu_memory_utilization
         if self.shared_gpu or self.colocated:
-            sleeps = rollout.engine_type == "vllm" or self.colocated
+            sleeps = rollout.engine_type == "vllm" or self.sync_plan.engines_sleep_after_step()
             if sleeps and "enable_sleep_mode" not in rollout.model_fields_set:
                 update["enable_sleep_mode"] = True
         return rollout.model_copy(update=update)
