@@ -316,6 +316,7 @@ class ExplorerCore:
             await self._engines_sleep()  # before the trainer gets the batch
             t2 = time.perf_counter()
             t_sleep = t2 - t_sleep
+            asleep = sum(1 for e in self.engines if getattr(e, "asleep", False))
             if experiences:
                 await self.sink.put(experiences)
             t_put = time.perf_counter() - t2
@@ -338,6 +339,9 @@ class ExplorerCore:
                     "time/run_execution": t_run,
                     "time/put_experiences": t_put,
                     "time/engine_sleep": t_sleep,
+                    "rollout/engines_asleep": float(
+                        asleep
+                    ),  # sleep mode: all of them, while the trainer steps
                     "time/explore_step": time.perf_counter() - t0,
                 }
             )
