@@ -71,7 +71,8 @@ class ModelConfig(Section):
 class ClusterConfig(Section):
     """Machines of the run. GPUs are split by Trinity-RFT's rule (gpus.py): each explorer takes its engines'
     and auxiliary models' GPUs, the trainer the rest; `gpu_per_node: 0` places nothing; `gpu_per_node: 1`
-    with one engine and one trainer rank shares GPU 0. `gpu_memory_gib` is each GPU's memory for the
+    with one engine and one trainer rank shares GPU 0; `colocate` time-shares every GPU between the
+    trainer and the engines (veRL's hybrid engine). `gpu_memory_gib` is each GPU's memory for the
     memory plan (launcher/memory_plan.py; `rft run` on a CUDA machine uses the device's own size instead)."""
 
     node_num: int = Field(1, ge=1)
