@@ -146,34 +146,6 @@ def place_colocated(total: int, demand: GpuDemand, explorers: int, has_trainer: 
     return GpuPlacement(total, blocks, tuple(range(total)), demand.trainer_ranks, shared=True, colocated=True)
 
 
-def colocate_problem(style: str, interval: int, offset: int) -> tuple[str, str] | None:
-    """Why a sync plan cannot run colocated, as (config path, message with the fix); None when it
-    can. The engines sleep while the trainer steps, so an explore step may start only once the weights
-    of the step before are published: `fixed` or `explorer_driven` with sync_interval 1 and
-    sync_offset 0 (veRL's on-policy loop). Every other plan rolls out while the trainer steps."""
-    why = "but cluster.colocate time-shares the GPUs between rollout and training, which cannot overlap on one device"
-    fix = "or cluster.colocate: false"
-    if style in ("fully_async", "trainer_driven"):
-        return (
-            "synchronizer.sync_style",
-            f"{style}, {why} (the explorer never waits for the trainer's weights); set "
-            f"synchronizer.sync_style: fixed with sync_offset: 0, {fix}",
-        )
-    if offset >= 1:
-        return (
-            "synchronizer.sync_offset",
-            f"{offset}, {why} (sync_offset >= 1 rolls out while the trainer steps); set "
-            f"synchronizer.sync_offset: 0, {fix}",
-        )
-    if interval > 1:
-        return (
-            "synchronizer.sync_interval",
-            f"{interval}, {why} (the explorer runs steps between syncs while the trainer steps); set "
-            f"synchronizer.sync_interval: 1, {fix}",
-        )
-    return None
-
-
 def shares_one_gpu(total: int, demand: GpuDemand, explorers: int, has_trainer: bool) -> bool:
     """The one-GPU case: one GPU, one explorer with one single-GPU engine and no local auxiliary
     model, and a trainer of one rank. Nothing larger shares a device."""

@@ -10,16 +10,11 @@ from services.common.config.algorithm import AlgorithmConfig
 from services.common.config.base import Section
 from services.common.config.buffer import BufferConfig
 from services.common.config.explorer import ExplorerConfig
-from services.common.config.gpus import (
-    colocate_problem,
-    gpu_demand,
-    place_gpus,
-    same_device_problem,
-    shared_share_problem,
-)
+from services.common.config.gpus import gpu_demand, place_gpus, same_device_problem, shared_share_problem
 from services.common.config.model import ClusterConfig, ModelConfig
 from services.common.config.runtime import LogConfig, MonitorConfig, SynchronizerConfig, TrainerConfig
 from services.common.config.services import ServicesConfig
+from services.common.config.sync_plan import SyncPlan
 
 MODES = ("both", "train", "explore", "bench", "serve")
 
@@ -80,15 +75,14 @@ class RFTConfig(Section):
         `rft run` checks again with its number of explorers. On one shared GPU, weights never go
         through NCCL between the two processes (gpus.py `same_device_problem`), and the engine's memory
         share leaves the trainer some (`shared_share_problem`). Colocated, the sync plan must be strictly
-        synchronous (`colocate_problem`)."""
+        synchronous (`SyncPlan.colocation_problem`)."""
         if self.cluster.colocate:
             if self.mode != "both":
                 raise ValueError(
                     f"cluster.colocate puts the trainer and the explorers on the same devices, but mode is "
                     f"{self.mode!r}, which runs only one of them; set mode: both, or cluster.colocate: false"
                 )
-            s = self.synchronizer
-            found = colocate_problem(s.sync_style, s.sync_interval, s.sync_offset)
+            found = SyncPlan.from_config(self).colocation_problem()
             if found:
                 raise ValueError(f"{found[0]} is {found[1]}")
         placement = place_gpus(
