@@ -113,7 +113,7 @@ def place_gpus(
     n = explorers if has_explorers else 0
     if total == 0:
         return GpuPlacement(0, tuple(() for _ in range(n)), (), colocated=colocate)
-    if colocate:
+    if colocate and mode == "both":  # a stage of one side only (an SFT stage) is placed as usual
         return place_colocated(total, demand, n, has_trainer)
     if shares_one_gpu(total, demand, n, has_trainer):
         return GpuPlacement(1, ((0,),), (0,), 1, shared=True)
@@ -128,12 +128,7 @@ def place_gpus(
 
 def place_colocated(total: int, demand: GpuDemand, explorers: int, has_trainer: bool) -> GpuPlacement:
     """`cluster.colocate`: explorer k on GPUs [k x E, (k+1) x E), the trainer's ranks on GPUs
-    0..nproc-1, both within the cluster's GPUs; a mode without both refuses (nothing to colocate)."""
-    if not (explorers and has_trainer):
-        raise GpuPlacementError(
-            "cluster.colocate puts the trainer and the explorers on the same GPUs, but this mode runs only "
-            "one of them; set mode: both, or cluster.colocate: false"
-        )
+    0..nproc-1, both within the cluster's GPUs."""
     taken = explorers * demand.explorer
     if taken > total or demand.trainer_ranks > total:
         raise GpuPlacementError(

@@ -80,7 +80,7 @@ class ClusterConfig(Section):
     gpu_memory_gib: float = Field(80.0, gt=0)
     # veRL's hybrid engine: the trainer's ranks and the explorers' rollout engines time-share the same
     # GPUs (gpus.py `place_colocated`). The engines sleep (vLLM sleep mode; the hf engine moves its
-    # weights off the device) while the trainer steps and wake for the next rollout; needs mode both
-    # and a strictly synchronous plan (synchronizer.sync_style fixed, explorer_driven or trainer_driven
-    # with sync_offset 0).
+    # weights off the device) while the trainer steps and wake for the next rollout. Applies to mode
+    # both (a train or explore stage is placed as usual; serve is refused) and needs a strictly
+    # synchronous plan: synchronizer.sync_style fixed or explorer_driven, sync_interval 1, sync_offset 0.
     colocate: bool = False

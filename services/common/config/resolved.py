@@ -122,7 +122,7 @@ class Resolved:
     def colocated(self) -> bool:
         """`cluster.colocate`: the trainer and the engines time-share the same GPUs (gpus.py); the
         engines sleep while the trainer steps (`SyncPlan.colocated`), also with no GPU placed (CPU)."""
-        return self.config.cluster.colocate
+        return self.sync_plan.colocated
 
     @property
     def shared_gpu(self) -> bool:

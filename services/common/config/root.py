@@ -77,10 +77,10 @@ class RFTConfig(Section):
         share leaves the trainer some (`shared_share_problem`). Colocated, the sync plan must be strictly
         synchronous (`SyncPlan.colocation_problem`)."""
         if self.cluster.colocate:
-            if self.mode != "both":
+            if self.mode == "serve":
                 raise ValueError(
-                    f"cluster.colocate puts the trainer and the explorers on the same devices, but mode is "
-                    f"{self.mode!r}, which runs only one of them; set mode: both, or cluster.colocate: false"
+                    "cluster.colocate time-shares the GPUs between rollout and training, but mode serve "
+                    "answers requests while the trainer steps; set cluster.colocate: false"
                 )
             found = SyncPlan.from_config(self).colocation_problem()
             if found:

@@ -100,7 +100,8 @@ class SyncPlan:
         if a.sample_strategy == "staleness_control":
             staleness = int((a.sample_strategy_args or {}).get("max_staleness", 0))
         offline = config.mode == "train" and bool(config.buffer.trainer_input.experience_buffer.path)
-        return cls(s.sync_style, s.sync_interval, s.sync_offset, staleness, offline, config.cluster.colocate)
+        colocated = config.cluster.colocate and config.mode == "both"  # one side alone has nothing to share
+        return cls(s.sync_style, s.sync_interval, s.sync_offset, staleness, offline, colocated)
 
     # ---- what each role asks ---------------------------------------------------------------------
     def explorer_waits(self) -> bool:

@@ -40,8 +40,7 @@ def test_colocated_placement_shares_every_gpu_and_refuses_misfits():
     assert place_gpus(4, demand, colocate=True, explorers=2).explorers == ((0, 1), (2, 3))
     with pytest.raises(GpuPlacementError, match="trainer.nproc"):
         place_gpus(2, GpuDemand(1, 2, 0, 3), colocate=True)
-    with pytest.raises(GpuPlacementError, match="mode: both"):
-        place_gpus(2, demand, mode="train", colocate=True)
+    assert place_gpus(2, GpuDemand(1, 2, 0, 2), mode="train", colocate=True).trainer == (0, 1)  # an SFT stage
     assert not place_gpus(4, demand).colocated  # without the option: Trinity's split
 
 
@@ -52,13 +51,18 @@ def test_colocated_placement_shares_every_gpu_and_refuses_misfits():
         ("synchronizer: {sync_style: fully_async}", "synchronizer.sync_style is fully_async"),
         ("synchronizer: {sync_style: trainer_driven}", "synchronizer.sync_style is trainer_driven"),
         ("synchronizer: {sync_interval: 2}", "synchronizer.sync_interval is 2"),
-        ("mode: explore", "set mode: both"),
+        ("mode: serve", "mode serve answers requests while the trainer steps"),
     ],
 )
 def test_colocate_refuses_plans_whose_phases_overlap(extra, path):
     with pytest.raises(ConfigError) as err:
         load_config(text=f"{BASE}cluster: {{colocate: true}}\n{extra}\n")
     assert path in str(err.value) and "cluster.colocate: false" in str(err.value)
+
+
+def test_a_stage_of_one_side_is_placed_as_usual():
+    r = resolve(load_config(text=BASE + "mode: train\ncluster: {colocate: true, gpu_per_node: 2}\n"))
+    assert not r.sync_plan.colocated and not r.gpu_placement.colocated and r.gpu_placement.trainer == (0, 1)
 
 
 def test_colocated_run_sleeps_its_engines_per_the_sync_plan():
