@@ -237,7 +237,7 @@ class HFEngine(EngineState):
             for tensors in groups.values():
                 st = tensors[0].untyped_storage()
                 host = torch.empty(st.nbytes(), dtype=torch.uint8, pin_memory=pin)
-                host.untyped_storage().copy_(st)
+                host.copy_(_as_bytes(st))
                 if not st.resizable():  # e.g. memory-mapped from safetensors: move to a storage of our own
                     st = _own_storage(tensors, st.nbytes())
                 parked.append((st, host))
@@ -256,7 +256,7 @@ class HFEngine(EngineState):
         parked, self._parked = self._parked, []
         for st, host in parked:
             st.resize_(host.numel())
-            st.copy_(host.untyped_storage())
+            _as_bytes(st).copy_(host)
 
     def _run(self, rows: list[Row]) -> list[GenerationOutput]:
         try:
@@ -376,6 +376,11 @@ class _Update:
     strict: bool = True
     done: bool = False
     error: Exception | None = None
+
+
+def _as_bytes(storage: torch.UntypedStorage) -> torch.Tensor:
+    """A uint8 tensor over the whole of `storage` (copies across devices go through tensors)."""
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
 
 
 def _own_storage(tensors: list[torch.Tensor], nbytes: int) -> torch.UntypedStorage:
