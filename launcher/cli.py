@@ -126,6 +126,7 @@ def config_show(file: Path, set_: SetOpt = None, plugin_dir: PluginOpt = None) -
             "explorer": list(r.gpu_placement.explorers[0]) if r.gpu_placement.explorers else [],
             "trainer": list(r.gpu_placement.trainer),
             "shared": r.shared_gpu,
+            "colocated": r.gpu_placement.colocated,
         },
         "rollout_gpu_memory_utilization": r.rollout_gpu_memory_utilization,
         "trainer_gpu_memory_fraction": r.trainer_gpu_memory_fraction,

@@ -142,7 +142,9 @@ def stage_gpus(
             "across nodes (deploy/k8s)"
         )
     ids = host_gpus(cluster.gpu_per_node, environ)
-    placement = place_gpus(len(ids), gpu_demand(config), mode=config.mode, explorers=explorers)
+    placement = place_gpus(
+        len(ids), gpu_demand(config), mode=config.mode, explorers=explorers, colocate=config.cluster.colocate
+    )
     pick = lambda gpus: ",".join(ids[g] for g in gpus)  # noqa: E731
     warnings: tuple[str, ...] = ()
     if placement.idle_trainer_gpus:

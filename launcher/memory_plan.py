@@ -54,6 +54,12 @@ gradients and the optimizer on the CPU (only the gathered layers stay); `optimiz
 optimizer state to the device only for the step, when activations are freed (it counts only beyond
 them); `ref.fsdp_config.param_offload` keeps the reference on the CPU.
 On a shared GPU (one-GPU mode, gpus.py) both sum on GPU 0.
+Colocated (`cluster.colocate`, gpus.py `place_colocated`): each GPU gets a plan per phase, and each
+phase must fit: `rollout` = the engine's bytes + what the trainer keeps resident between steps (its
+fp32 parameters, the reference, the critic, the optimizer state unless `optimizer_offload`, its
+margin); `train` = the trainer's step + what the sleeping engine leaves (its CUDA context: vLLM's
+sleep level 1 moves the weights to host memory and drops the KV cache, the hf engine moves its
+weights off the device).
 Capacity: `cluster.gpu_memory_gib`, or the device's own size when `rft run` sees CUDA.
 """
 
@@ -387,6 +393,9 @@ class MemoryPlan:
                 continue
             largest = sorted(parts.items(), key=lambda kv: -kv[1])[:4]
             who = "the trainer and the rollout engine" if self.shared else "its processes"
+            if name.endswith((" rollout", " train")):
+                who = f"in the {name.rsplit(' ', 1)[1]} phase, the trainer and the rollout engine"
+                name = name.rsplit(" ", 1)[0]
             out.append(
                 f"{name}: {who} need about {total / GIB:.1f} GiB but it has {cap / GIB:.1f} GiB "
                 f"({self.capacity_from}; largest: {', '.join(f'{k} {v / GIB:.1f}' for k, v in largest)} GiB)"
@@ -465,7 +474,9 @@ def memory_plan(
     cap = (capacity_gib or config.cluster.gpu_memory_gib) * GIB
     c = config.cluster
     if placement is None:
-        placement = place_gpus(c.node_num * c.gpu_per_node, gpu_demand(config), mode=config.mode)
+        placement = place_gpus(
+            c.node_num * c.gpu_per_node, gpu_demand(config), mode=config.mode, colocate=c.colocate
+        )
     plan = MemoryPlan(cap, placed=placement.total > 0, shared=placement.shared, fixes=_fixes(config))
     if capacity_gib:
         plan.capacity_from = "the device's own size"
@@ -487,6 +498,13 @@ def memory_plan(
     trainer = trainer_plan(config, shape, critic).parts if has_trainer else {}  # rank 0 (the sender)
     other_ranks = trainer_plan(config, shape, critic, rank0=False).parts if has_trainer else {}
     fraction = resolve(config).rollout_gpu_memory_utilization
+    if placement.colocated and plan.placed:
+        _colocated_columns(
+            plan, placement, config, trainer, other_ranks, rollout, rollout_shape, fraction, cap
+        )
+        if rollout.engine_type == "hf" and fraction is not None:
+            plan.rollout_cap_bytes = fraction * cap
+        return plan
     if not plan.placed:  # gpu_per_node 0: what one trainer rank and one engine need, no GPU check
         engine = _engine_gpus(rollout, rollout_shape, config, fraction, cap)[0] if has_explorer else {}
         plan.columns = {k: v for k, v in (("trainer rank", trainer), ("rollout engine", engine)) if v}
@@ -510,6 +528,48 @@ def memory_plan(
     if any(m.model_path and not m.api_base for m in config.explorer.auxiliary_models):
         plan.notes.append("auxiliary models on the explorer's GPUs are not planned")
     return plan
+
+
+# What the trainer keeps on its GPU between steps (the rollout phase of a colocated GPU).
+_RESIDENT = ("parameters (fp32)", "reference (bf16)", "critic", "optimizer (AdamW fp32)", "margin")
+ASLEEP = "rollout asleep (CUDA context)"
+
+
+def _colocated_columns(
+    plan: MemoryPlan,
+    placement: GpuPlacement,
+    config: RFTConfig,
+    rank0: dict[str, float],
+    ranks: dict[str, float],
+    rollout: Any,
+    shape: ModelShape,
+    fraction: float | None,
+    cap: float,
+) -> None:
+    """Two columns per GPU, `GPU g rollout` and `GPU g train` (module docstring)."""
+    offloaded = bool(_extra(config).get(OPTIMIZER_OFFLOAD_KEY, False))
+    engines: dict[int, dict[str, float]] = {}
+    tp = rollout.tensor_parallel_size
+    for block in placement.explorers:
+        for i in range(rollout.engine_num):
+            for k, parts in enumerate(_engine_gpus(rollout, shape, config, fraction, cap)):
+                engines.setdefault(block[i * tp + k], {}).update(parts)
+    trainers = {
+        g: (ranks if r else rank0) for r, g in enumerate(placement.trainer[: placement.trainer_ranks])
+    }
+    for g in sorted(set(engines) | set(trainers)):
+        step = trainers.get(g, {})
+        resident = {
+            f"{k} (resident)": v
+            for k, v in step.items()
+            if k in _RESIDENT and not (offloaded and k.startswith("optimizer"))
+        }
+        plan.columns[f"GPU {g} rollout"] = {**engines.get(g, {}), **resident}
+        plan.columns[f"GPU {g} train"] = {**step, **({ASLEEP: MARGIN_GIB * GIB} if g in engines else {})}
+    plan.notes.append(
+        "cluster.colocate: each GPU is planned per phase (rollout: the engines awake and the trainer's "
+        "resident state; train: the trainer's step and the sleeping engines); the larger must fit"
+    )
 
 
 def _engine_gpus(

@@ -134,7 +134,11 @@ def _plans(stages: list[RFTConfig], capacity_gib: float | None, explorers: int):
         label = f"stage {n}: " if len(stages) > 1 else ""
         c = config.cluster
         placement = place_gpus(
-            c.node_num * c.gpu_per_node, gpu_demand(config), mode=config.mode, explorers=explorers
+            c.node_num * c.gpu_per_node,
+            gpu_demand(config),
+            mode=config.mode,
+            explorers=explorers,
+            colocate=c.colocate,
         )
         yield label, memory_plan(config, capacity_gib, placement)
 

@@ -15,6 +15,8 @@
 #   setup          the carried wheels into .gpu-deps (pip --no-deps --no-index --target), versions
 #   ranks          gpu-marked trainer tests on cuda:0: the bf16 step (chunked LM head), the process group,
 #                  FSDP2 gather, model memory
+#   colocate       cluster.colocate's sleep/wake on cuda:0: the hf engine's weights leave the device and
+#                  come back bit-exact; vLLM's sleep mode (skipped where the image has no vLLM)
 #   one_gpu_async  bench/gpu_quickstart.py, trainer + explorer on cuda:0, fully_async, in-flight updates
 #   memory_mfu     bench/trainer_step.py at the Qwen2.5-1.5B shape, micro-batches 4/8/16: MFU and
 #                  torch.cuda.max_memory_allocated against the memory plan
@@ -36,13 +38,15 @@ VPY="env PYTHONPATH=$DEPS:$PWD:$PWD/protos${PYTHONPATH:+:$PYTHONPATH} PATH=$DEPS
 PYTEST="$VPY -m pytest -q -p no:cacheprovider -rs -m gpu"
 
 # name, planned seconds, command: in order of value (sum < 480, checked by --dry-run)
-STEPS=(setup ranks one_gpu_async memory_mfu nccl trl)
+STEPS=(setup ranks colocate one_gpu_async memory_mfu nccl trl)
 # planned from the H200 run at 09b7b1b (docs/performance.md): setup 29 s, ranks 51, memory_mfu 142, nccl 53,
-# trl about 70 (run apart); one_gpu_async timed out there on a bug since fixed, 110 is the H100 quickstart's pace
-declare -A PLANNED=([setup]=30 [ranks]=60 [one_gpu_async]=110 [memory_mfu]=145 [nccl]=55 [trl]=75)
+# trl about 70 (run apart); one_gpu_async timed out there on a bug since fixed, 110 is the H100 quickstart's pace;
+# colocate (one tiny-model test file) not yet run there: 12 s planned, taken from ranks (60 -> 55) and trl (75 -> 70)
+declare -A PLANNED=([setup]=30 [ranks]=55 [colocate]=12 [one_gpu_async]=110 [memory_mfu]=145 [nccl]=55 [trl]=70)
 declare -A CMDS=(
   [setup]="install_wheels && $VPY scripts/gpu_env_probe.py --compact"
   [ranks]="$PYTEST tests/integration/trainer/test_trainer_cuda.py tests/integration/trainer/test_trainer_process_group_cuda.py tests/integration/trainer/test_weight_gather_ranks.py tests/integration/trainer/test_trainer_model_memory_cuda.py"
+  [colocate]="$PYTEST tests/unit/explorer/test_explorer_hf_engine_sleep.py tests/vllm_engine/test_vllm_colocate.py"
   [one_gpu_async]="$VPY bench/gpu_quickstart.py --grpo-steps 60 --set synchronizer.sync_style=fully_async --set explorer.inflight_weight_update=true"
   [memory_mfu]="rc=0; for m in 4 8 16; do $VPY bench/trainer_step.py --gpu --shape qwen2.5-1.5b --reps 1 --micro \$m || rc=1; done; exit \$rc"
   [nccl]="$PYTEST tests/integration/weight_sync/test_failures.py"

@@ -134,7 +134,9 @@ def gpus(d: Draft) -> None:
     """veRL shares every GPU between rollout and training; here the explorer's engines and the trainer get
     their own: a quarter of the GPUs roll out, rounded down to whole engines of tensor_parallel_size GPUs
     but at least one engine (so more than a quarter when one engine is larger), as in Trinity-RFT's
-    examples; the trainer gets the rest."""
+    examples; the trainer gets the rest. Where that leaves the trainer no GPU (veRL's small hybrid-engine
+    examples, e.g. 2 GPUs with tensor parallel 2) the run is colocated as veRL's (`cluster.colocate`):
+    GPUs // tp engines and a trainer rank on every GPU."""
     name_key, tp_key = R + "name", R + "tensor_model_parallel_size"
     name = d.get(name_key, "vllm")
     if name not in ENGINES:
@@ -167,7 +169,22 @@ def gpus(d: Draft) -> None:
     engines = max(1, total // 4 // tp)
     aux = max(1, total // 4) if rm_path else 0
     left = total - engines * tp - aux
-    if total and left < 1:
+    if total and left < 1 and not aux and tp <= total:
+        # veRL's hybrid engine as written: the actor's ranks and the rollout engines on the same GPUs
+        d.set(
+            "cluster.colocate",
+            True,
+            f"veRL's hybrid engine: actor and rollout share the {total} GPU(s), too few to split; "
+            "the engines sleep while the trainer steps",
+        )
+        d.set(
+            "explorer.rollout_model.engine_num",
+            total // tp,
+            f"{total // tp} engine(s) x tensor_parallel_size {tp}",
+        )
+        d.set("trainer.nproc", total, f"every one of the {total} GPU(s), as veRL's actor")
+        total = 0
+    elif total and left < 1:
         d.warn(
             f"{total} GPU(s) cannot hold both the rollout engines and the trainer; cluster.gpu_per_node "
             "is left out (each service then sees every GPU of its machine)"

@@ -312,8 +312,11 @@ class ExplorerCore:
                 )
             batch_id = str(step) if not self.incarnation else f"{step}.{self.incarnation}"
             experiences = [e for r in results if r.ok for e in self._stamp(r, step, batch_id)]
+            t_sleep = time.perf_counter()
             await self._engines_sleep()  # before the trainer gets the batch
             t2 = time.perf_counter()
+            t_sleep = t2 - t_sleep
+            asleep = sum(1 for e in self.engines if getattr(e, "asleep", False))
             if experiences:
                 await self.sink.put(experiences)
             t_put = time.perf_counter() - t2
@@ -335,6 +338,10 @@ class ExplorerCore:
                     **self.gate.step_metrics(),  # t_wait split: blocked on the sync plan / loading weights
                     "time/run_execution": t_run,
                     "time/put_experiences": t_put,
+                    "time/engine_sleep": t_sleep,
+                    "rollout/engines_asleep": float(
+                        asleep
+                    ),  # sleep mode: all of them, while the trainer steps
                     "time/explore_step": time.perf_counter() - t0,
                 }
             )
@@ -350,8 +357,9 @@ class ExplorerCore:
         return StepResult(step=step, experiences=len(experiences), metrics=metrics)
 
     async def _engines_sleep(self) -> None:
-        """Engines that can (vLLM with `enable_sleep_mode`: a GPU shared with the trainer) free their
-        GPU memory until their next generate or weight load wakes them."""
+        """Engines in sleep mode (`enable_sleep_mode`: vLLM on a GPU shared with the trainer; every
+        engine of a colocated run, `SyncPlan.engines_sleep_after_step`) free their device memory until
+        their next generate or weight load wakes them (the hf engine: hf.py `sleep`)."""
         for engine in self.engines:
             sleep = getattr(engine, "sleep", None)
             if sleep is not None:

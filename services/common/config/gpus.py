@@ -91,6 +91,7 @@ class GpuPlacement:
     trainer: tuple[int, ...]
     trainer_ranks: int = 0
     shared: bool = False  # one GPU: the trainer and the explorer both use GPU 0 (`shares_one_gpu`)
+    colocated: bool = False  # cluster.colocate: the trainer's ranks and the engines time-share GPUs
 
     @property
     def idle_trainer_gpus(self) -> int:
@@ -98,8 +99,11 @@ class GpuPlacement:
         return max(len(self.trainer) - self.trainer_ranks, 0)
 
 
-def place_gpus(total: int, demand: GpuDemand, *, mode: str = "both", explorers: int = 1) -> GpuPlacement:
-    """Explorer k gets GPUs [k x E, (k+1) x E) (E = demand.explorer), the trainer every GPU after them.
+def place_gpus(
+    total: int, demand: GpuDemand, *, mode: str = "both", explorers: int = 1, colocate: bool = False
+) -> GpuPlacement:
+    """Explorer k gets GPUs [k x E, (k+1) x E) (E = demand.explorer), the trainer every GPU after them
+    (`colocate`: the trainer's ranks GPUs 0..nproc-1 of the same GPUs, `place_colocated`).
 
     `mode` says who runs: both (explorers + trainer), train (trainer only), explore/bench (explorers
     only). total 0 places nothing (no GPUs declared: every process sees what its environment shows).
@@ -108,7 +112,9 @@ def place_gpus(total: int, demand: GpuDemand, *, mode: str = "both", explorers: 
     has_trainer = mode in ("both", "train", "serve")
     n = explorers if has_explorers else 0
     if total == 0:
-        return GpuPlacement(0, tuple(() for _ in range(n)), ())
+        return GpuPlacement(0, tuple(() for _ in range(n)), (), colocated=colocate)
+    if colocate and mode == "both":  # a stage of one side only (an SFT stage) is placed as usual
+        return place_colocated(total, demand, n, has_trainer)
     if shares_one_gpu(total, demand, n, has_trainer):
         return GpuPlacement(1, ((0,),), (0,), 1, shared=True)
     per = demand.explorer
@@ -118,6 +124,21 @@ def place_gpus(total: int, demand: GpuDemand, *, mode: str = "both", explorers: 
     blocks = tuple(tuple(range(k * per, (k + 1) * per)) for k in range(n))
     trainer = tuple(range(taken, total)) if has_trainer else ()
     return GpuPlacement(total, blocks, trainer, demand.trainer_ranks if has_trainer else 0)
+
+
+def place_colocated(total: int, demand: GpuDemand, explorers: int, has_trainer: bool) -> GpuPlacement:
+    """`cluster.colocate`: explorer k on GPUs [k x E, (k+1) x E), the trainer's ranks on GPUs
+    0..nproc-1, both within the cluster's GPUs."""
+    taken = explorers * demand.explorer
+    if taken > total or demand.trainer_ranks > total:
+        raise GpuPlacementError(
+            f"cluster.colocate: {explorers} explorer(s) x ({demand.describe_explorer()}) = {taken} GPU(s) "
+            f"and the trainer's {demand.trainer_ranks} rank(s) (trainer.nproc) must each fit the {total} "
+            "GPU(s) (cluster.node_num x gpu_per_node); lower explorer.rollout_model.engine_num / "
+            "tensor_parallel_size or trainer.nproc, or raise cluster.gpu_per_node"
+        )
+    blocks = tuple(tuple(range(k * demand.explorer, (k + 1) * demand.explorer)) for k in range(explorers))
+    return GpuPlacement(total, blocks, tuple(range(total)), demand.trainer_ranks, shared=True, colocated=True)
 
 
 def shares_one_gpu(total: int, demand: GpuDemand, explorers: int, has_trainer: bool) -> bool:

@@ -71,9 +71,16 @@ class ModelConfig(Section):
 class ClusterConfig(Section):
     """Machines of the run. GPUs are split by Trinity-RFT's rule (gpus.py): each explorer takes its engines'
     and auxiliary models' GPUs, the trainer the rest; `gpu_per_node: 0` places nothing; `gpu_per_node: 1`
-    with one engine and one trainer rank shares GPU 0. `gpu_memory_gib` is each GPU's memory for the
+    with one engine and one trainer rank shares GPU 0; `colocate` time-shares every GPU between the
+    trainer and the engines (veRL's hybrid engine). `gpu_memory_gib` is each GPU's memory for the
     memory plan (launcher/memory_plan.py; `rft run` on a CUDA machine uses the device's own size instead)."""
 
     node_num: int = Field(1, ge=1)
     gpu_per_node: int = Field(0, ge=0)
     gpu_memory_gib: float = Field(80.0, gt=0)
+    # veRL's hybrid engine: the trainer's ranks and the explorers' rollout engines time-share the same
+    # GPUs (gpus.py `place_colocated`). The engines sleep (vLLM sleep mode; the hf engine moves its
+    # weights off the device) while the trainer steps and wake for the next rollout. Applies to mode
+    # both (a train or explore stage is placed as usual; serve is refused) and needs a strictly
+    # synchronous plan: synchronizer.sync_style fixed or explorer_driven, sync_interval 1, sync_offset 0.
+    colocate: bool = False

@@ -26,6 +26,10 @@ from services.common.sampling import SamplingParams
 # Share of the GPU the rollout engine takes, when not set, on a GPU it shares with the trainer
 # (one-GPU mode): the rest is the trainer's (launcher/memory_plan.py checks that it fits).
 SHARED_GPU_ROLLOUT_MEMORY = 0.3
+# ... and on GPUs it time-shares with the trainer (`cluster.colocate`): veRL's default
+# `actor_rollout_ref.rollout.gpu_memory_utilization` for its hybrid engine; the trainer's resident state
+# (weights, and optimizer state unless offloaded) keeps the rest while the engine is awake.
+COLOCATED_ROLLOUT_MEMORY = 0.5
 
 
 @dataclass(frozen=True)
@@ -108,9 +112,17 @@ class Resolved:
         }
         if self.shared_gpu:
             update["gpu_memory_utilization"] = self.rollout_gpu_memory_utilization
-            if rollout.engine_type == "vllm" and "enable_sleep_mode" not in rollout.model_fields_set:
+        if self.shared_gpu or self.colocated:
+            sleeps = rollout.engine_type == "vllm" or self.sync_plan.engines_sleep_after_step()
+            if sleeps and "enable_sleep_mode" not in rollout.model_fields_set:
                 update["enable_sleep_mode"] = True
         return rollout.model_copy(update=update)
+
+    @property
+    def colocated(self) -> bool:
+        """`cluster.colocate`: the trainer and the engines time-share the same GPUs (gpus.py); the
+        engines sleep while the trainer steps (`SyncPlan.colocated`), also with no GPU placed (CPU)."""
+        return self.sync_plan.colocated
 
     @property
     def shared_gpu(self) -> bool:
@@ -125,6 +137,8 @@ class Resolved:
         r = self.config.explorer.rollout_model
         if "gpu_memory_utilization" in r.model_fields_set:
             return r.gpu_memory_utilization
+        if self.colocated and self.shared_gpu:
+            return COLOCATED_ROLLOUT_MEMORY
         if self.shared_gpu:
             return SHARED_GPU_ROLLOUT_MEMORY
         return r.gpu_memory_utilization if r.engine_type == "vllm" else None
@@ -136,6 +150,8 @@ class Resolved:
         share = self.rollout_gpu_memory_utilization
         if not self.shared_gpu or share is None:
             return None
+        if self.colocated:  # the engine sleeps while the trainer steps: all but the margin
+            return round(1.0 - SHARED_GPU_MARGIN, 6)
         return round(1.0 - share - SHARED_GPU_MARGIN, 6)
 
     @property
@@ -195,7 +211,12 @@ class Resolved:
         """Which GPUs (0..total-1) the explorer and the trainer get with one explorer (`rft run
         --explorers N` places N; launcher/gpus.py)."""
         c = self.config
-        return place_gpus(c.cluster.node_num * c.cluster.gpu_per_node, gpu_demand(c), mode=c.mode)
+        return place_gpus(
+            c.cluster.node_num * c.cluster.gpu_per_node,
+            gpu_demand(c),
+            mode=c.mode,
+            colocate=c.cluster.colocate,
+        )
 
     @property
     def job_dir(self) -> Path:

@@ -14,6 +14,7 @@ from services.common.config.gpus import gpu_demand, place_gpus, same_device_prob
 from services.common.config.model import ClusterConfig, ModelConfig
 from services.common.config.runtime import LogConfig, MonitorConfig, SynchronizerConfig, TrainerConfig
 from services.common.config.services import ServicesConfig
+from services.common.config.sync_plan import SyncPlan
 
 MODES = ("both", "train", "explore", "bench", "serve")
 
@@ -73,9 +74,22 @@ class RFTConfig(Section):
         """The explorer's engines and the trainer's ranks fit the cluster's GPUs (Trinity-RFT's split);
         `rft run` checks again with its number of explorers. On one shared GPU, weights never go
         through NCCL between the two processes (gpus.py `same_device_problem`), and the engine's memory
-        share leaves the trainer some (`shared_share_problem`)."""
+        share leaves the trainer some (`shared_share_problem`). Colocated, the sync plan must be strictly
+        synchronous (`SyncPlan.colocation_problem`)."""
+        if self.cluster.colocate:
+            if self.mode == "serve":
+                raise ValueError(
+                    "cluster.colocate time-shares the GPUs between rollout and training, but mode serve "
+                    "answers requests while the trainer steps; set cluster.colocate: false"
+                )
+            found = SyncPlan.from_config(self).colocation_problem()
+            if found:
+                raise ValueError(f"{found[0]} is {found[1]}")
         placement = place_gpus(
-            self.cluster.node_num * self.cluster.gpu_per_node, gpu_demand(self), mode=self.mode
+            self.cluster.node_num * self.cluster.gpu_per_node,
+            gpu_demand(self),
+            mode=self.mode,
+            colocate=self.cluster.colocate,
         )
         problem = same_device_problem(self.synchronizer.group_backend, placement.shared)
         if problem:

@@ -40,6 +40,12 @@ older ones), where max_staleness is `algorithm.sample_strategy_args.max_stalenes
     trainer: publish after step t  <=>  t - last_published >= I
     explorer: required(s) = 0   (sync_offset is not used)
 
+Colocated (`cluster.colocate`, veRL's hybrid engine; `colocated`): the trainer and the rollout engines
+time-share the same devices, so the phases alternate strictly: an explore step ends with its engines
+asleep (`engines_sleep_after_step`), the trainer steps on the batch and publishes, and the next explore
+step waits for those weights (fixed or explorer_driven, interval 1, offset 0: the config refuses any
+other plan, `colocation_problem`), wakes its engines and loads them.
+
 In every style the trainer also publishes when an explorer waits for a version the trainer already
 has (a restarted explorer would otherwise wait for the next interval while the trainer waits for its
 data).
@@ -77,6 +83,7 @@ class SyncPlan:
     offset: int = 0
     staleness: int | None = None
     offline: bool = False
+    colocated: bool = False
 
     def __post_init__(self) -> None:
         if self.style not in STYLES:
@@ -93,7 +100,8 @@ class SyncPlan:
         if a.sample_strategy == "staleness_control":
             staleness = int((a.sample_strategy_args or {}).get("max_staleness", 0))
         offline = config.mode == "train" and bool(config.buffer.trainer_input.experience_buffer.path)
-        return cls(s.sync_style, s.sync_interval, s.sync_offset, staleness, offline)
+        colocated = config.cluster.colocate and config.mode == "both"  # one side alone has nothing to share
+        return cls(s.sync_style, s.sync_interval, s.sync_offset, staleness, offline, colocated)
 
     # ---- what each role asks ---------------------------------------------------------------------
     def explorer_waits(self) -> bool:
@@ -110,6 +118,41 @@ class SyncPlan:
     def pipeline_every(self) -> int:
         """Trainer steps between pipelined syncs (0: the trainer syncs in line after a step)."""
         return self.interval if self.pipelined() else 0
+
+    def engines_sleep_after_step(self) -> bool:
+        """Colocated: an explore step puts its engines to sleep (their weights and cache leave the
+        device) before the trainer gets its batch; the next step wakes them before loading weights."""
+        return self.colocated
+
+    def colocation_problem(self) -> tuple[str, str] | None:
+        """Why this plan cannot run colocated, as (config path, message with the fix); None when it
+        can (or the run is not colocated). The engines sleep while the trainer steps, so an explore step
+        may start only once the weights of the step before are published: an explorer that waits
+        (fixed, explorer_driven) with interval 1 and offset 0, veRL's on-policy loop. Every other plan
+        rolls out while the trainer steps."""
+        if not self.colocated:
+            return None
+        why = "but cluster.colocate time-shares the GPUs between rollout and training, which cannot overlap on one device"
+        fix = "or cluster.colocate: false"
+        if not self.explorer_waits():
+            return (
+                "synchronizer.sync_style",
+                f"{self.style}, {why} (the explorer never waits for the trainer's weights); set "
+                f"synchronizer.sync_style: fixed with sync_offset: 0, {fix}",
+            )
+        if self.offset >= 1:
+            return (
+                "synchronizer.sync_offset",
+                f"{self.offset}, {why} (sync_offset >= 1 rolls out while the trainer steps); set "
+                f"synchronizer.sync_offset: 0, {fix}",
+            )
+        if self.interval > 1:
+            return (
+                "synchronizer.sync_interval",
+                f"{self.interval}, {why} (the explorer runs steps between syncs while the trainer steps); "
+                f"set synchronizer.sync_interval: 1, {fix}",
+            )
+        return None
 
     def explores_until_run_ends(self) -> bool:
         """`fully_async`: the trainer drops experiences staler than its bound, so an explorer explores

@@ -15,6 +15,13 @@ CUDA, with `gpu_memory_utilization` set (in the config, or by the placement on a
 trainer: resolved.py `rollout_model`), this process's CUDA allocator is capped at that share of the
 device (`torch.cuda.set_per_process_memory_fraction`, services/common/gpu_memory.py), so the
 trainer beside it keeps the rest.
+
+Sleep (`sleep_mode`: `explorer.rollout_model.enable_sleep_mode`, on for a colocated run, resolved.py):
+`sleep` copies every parameter and buffer storage to host memory (pinned on CUDA) and resizes the
+device storage to zero, so the weights really leave the device (the tensors, and the lean decoder's
+references to them, stay; the KV cache lives only within a batch), then hands the CUDA allocator's
+cached blocks back. `wake_up` restores the storages from the host copies; the next generate or weight
+load wakes the engine first, as vLLM's.
 """
 
 from __future__ import annotations
@@ -54,8 +61,11 @@ class HFEngine(EngineState):
         seed: int = 42,
         model_version: int = 0,
         lean_decoder: bool = True,
+        sleep_mode: bool = False,
     ):
         self.name = name
+        self.sleep_mode = sleep_mode
+        self._parked: list[tuple[torch.UntypedStorage, torch.Tensor]] = []  # (device storage, host copy)
         self.model = model.eval()
         self._tokenizer = tokenizer
         eos = getattr(model.generation_config, "eos_token_id", None) or tokenizer.eos_token_id
@@ -98,6 +108,7 @@ class HFEngine(EngineState):
         name: str = "hf",
         lean_decoder: bool = True,
         gpu_memory_utilization: float | None = None,
+        sleep_mode: bool = False,
     ) -> HFEngine:
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         if gpu_memory_utilization is not None:
@@ -110,6 +121,7 @@ class HFEngine(EngineState):
             micro_batch_size=micro_batch_size,
             seed=seed,
             lean_decoder=lean_decoder,
+            sleep_mode=sleep_mode,
         )
 
     @classmethod
@@ -126,6 +138,7 @@ class HFEngine(EngineState):
             seed=cfg.seed + index,
             name=f"hf-{index}",
             lean_decoder=cfg.lean_decoder,
+            sleep_mode=cfg.enable_sleep_mode,
             gpu_memory_utilization=cfg.gpu_memory_utilization
             if "gpu_memory_utilization" in cfg.model_fields_set
             else None,
@@ -197,6 +210,55 @@ class HFEngine(EngineState):
         finally:
             self._draining = False
 
+    # ---- sleep mode (module docstring) ---------------------------------------------------------------
+    async def sleep(self) -> None:
+        """Weights off the device until the next generate or load (a no-op without `sleep_mode`);
+        waits for the running batch."""
+        if self.sleep_mode:
+            await asyncio.to_thread(self.sleep_sync)
+
+    async def wake_up(self) -> None:
+        await asyncio.to_thread(self.wake_up_sync)
+
+    @property
+    def asleep(self) -> bool:
+        return bool(self._parked)
+
+    def sleep_sync(self) -> None:
+        with self._lock:
+            if self._parked:
+                return
+            device = next(self.model.parameters()).device
+            pin = device.type == "cuda"
+            groups: dict[int, list[torch.Tensor]] = {}
+            for t in [*self.model.parameters(), *self.model.buffers()]:
+                if t.untyped_storage().nbytes():
+                    groups.setdefault(t.untyped_storage().data_ptr(), []).append(t)  # tied: one storage
+            parked = []
+            for tensors in groups.values():
+                st = tensors[0].untyped_storage()
+                host = torch.empty(st.nbytes(), dtype=torch.uint8, pin_memory=pin)
+                host.copy_(_as_bytes(st))
+                if not st.resizable():  # e.g. memory-mapped from safetensors: move to a storage of our own
+                    st = _own_storage(tensors, st.nbytes())
+                parked.append((st, host))
+            for st, _ in parked:
+                st.resize_(0)  # the device memory is freed here
+            self._parked = parked
+            if pin:
+                torch.cuda.empty_cache()
+
+    def wake_up_sync(self) -> None:
+        with self._lock:
+            self._wake_locked()
+
+    def _wake_locked(self) -> None:
+        """Restore the parked storages (holding `_lock`)."""
+        parked, self._parked = self._parked, []
+        for st, host in parked:
+            st.resize_(host.numel())
+            _as_bytes(st).copy_(host)
+
     def _run(self, rows: list[Row]) -> list[GenerationOutput]:
         with progress.work("generate call"):  # moves with each sampled token (hf_generate)
             return self._run_batch(rows)
@@ -204,6 +266,7 @@ class HFEngine(EngineState):
     def _run_batch(self, rows: list[Row]) -> list[GenerationOutput]:
         try:
             with self._lock:
+                self._wake_locked()
                 version = self._generator.version = self._version
                 t0 = time.perf_counter()
                 outputs = self._generator.generate(rows)
@@ -307,6 +370,7 @@ class HFEngine(EngineState):
             self._offered.notify_all()
 
     def _apply(self, update: _Update) -> None:
+        self._wake_locked()  # the caller holds the lock
         load_weights(self.model, update.named_tensors, strict=update.strict)
         self._version = self._generator.version = update.version
 
@@ -323,6 +387,22 @@ class _Update:
     strict: bool = True
     done: bool = False
     error: Exception | None = None
+
+
+def _as_bytes(storage: torch.UntypedStorage) -> torch.Tensor:
+    """A uint8 tensor over the whole of `storage` (copies across devices go through tensors)."""
+    return torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+
+
+def _own_storage(tensors: list[torch.Tensor], nbytes: int) -> torch.UntypedStorage:
+    """Point `tensors` (views of one storage) at a new resizable storage of `nbytes` on their device,
+    keeping each one's offset, size and stride; the old storage is dropped with its last reference."""
+    own = torch.empty(nbytes, dtype=torch.uint8, device=tensors[0].device).untyped_storage()
+    for t in tensors:
+        t.data = torch.empty(0, dtype=t.dtype, device=t.device).set_(
+            own, t.storage_offset(), t.size(), t.stride()
+        )
+    return own
 
 
 def _expand(

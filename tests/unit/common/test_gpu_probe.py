@@ -18,7 +18,7 @@ gpu_wheels = gpu_probe_check.gpu_wheels
 def test_the_script_parses_and_its_planned_seconds_sum_under_480():
     subprocess.run(["bash", "-n", "scripts/gpu_probe.sh"], cwd=ROOT, check=True)
     plan = gpu_probe_check.plan()
-    assert [name for name, _, _ in plan] == ["setup", "ranks", "one_gpu_async", "memory_mfu", "nccl", "trl"]
+    assert [name for name, _, _ in plan] == ["setup", "ranks", "colocate", "one_gpu_async", "memory_mfu", "nccl", "trl"]
     assert all(planned > 0 for _, planned, _ in plan)
     assert sum(planned for _, planned, _ in plan) < gpu_probe_check.PLAN_LIMIT_S
 
