@@ -1,7 +1,9 @@
 """Crash consistency, for real: a Redis-store run whose buffer, trainer, explorer and synchronizer are
 each SIGKILLed once at a seeded random moment (mid-step, mid-save, mid-sync or mid-put). `rft run`
 restarts each in place and the run completes at `total_steps`; the audit of the final checkpoint's
-lineage against the buffer's accepted log finds nothing lost and nothing trained twice."""
+lineage against the buffer's accepted log finds nothing lost and nothing trained twice. That run is
+colocated (`cluster.colocate`, the hf engine asleep while the trainer steps), so the kills land in both
+phases of a colocated run too."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import yaml
 
 from tests.support.chaos import Kill, run_campaign, schedule, write_chaos_config
 from tests.support.redis_server import RedisServer, require_redis_server
-from tests.support.rft_run import assert_no_orphans
+from tests.support.rft_run import assert_no_orphans, jsonl
 
 pytestmark = pytest.mark.slow
 
@@ -33,6 +35,9 @@ def test_every_service_killed_once_nothing_lost_nothing_twice(tmp_path, redis_ur
     config, job = write_chaos_config(
         tmp_path, redis_url, total_steps=TOTAL, save_interval=4, prefix=f"chaos-{uuid.uuid4().hex[:6]}"
     )
+    tree = yaml.safe_load(config.read_text())
+    tree["cluster"] = {"colocate": True}
+    config.write_text(yaml.safe_dump(tree, sort_keys=False))
     kills = schedule(SEED, 4, TOTAL)
     assert sorted(k.service for k in kills) == ["buffer", "explorer", "synchronizer", "trainer"]
     campaign = run_campaign(config, job, kills, tmp_path / "rft.log", timeout_s=420)
@@ -45,6 +50,8 @@ def test_every_service_killed_once_nothing_lost_nothing_twice(tmp_path, redis_ur
     assert (audit.trained_twice, audit.lost, audit.unknown) == (0, 0, 0), audit
     assert audit.produced == audit.trained_once + audit.remaining, audit
     assert out.count("restarting") >= len(kills), out[-3000:]
+    explored = [r for r in jsonl(job / "metrics" / "explorer.jsonl") if "rollout/engines_asleep" in r]
+    assert explored and all(r["rollout/engines_asleep"] == 1.0 for r in explored)  # asleep after each step
 
 
 @pytest.mark.timeout(450)
