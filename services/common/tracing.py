@@ -69,15 +69,14 @@ def setup_tracing(
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
-    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, TraceIdRatioBased
 
     attributes = {"service.name": SERVICE_NAMES.get(service, service)}
     if instance:
         attributes["service.instance.id"] = instance
     ratio = config.sample_ratio if config is not None else 1.0
-    provider = TracerProvider(
-        resource=Resource.create(attributes), sampler=ParentBased(TraceIdRatioBased(ratio))
-    )
+    sampler = ParentBased(ALWAYS_ON if ratio >= 1.0 else TraceIdRatioBased(ratio))
+    provider = TracerProvider(resource=Resource.create(attributes), sampler=sampler)
     if exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
     else:
