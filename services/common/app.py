@@ -14,6 +14,9 @@ service that cannot start (a plug-in folder that does not load, an exception whi
 the exception (`failed to start`, with its traceback) and exits 1, or 2 for plug-ins, before it serves;
 `rft run` shows that first exception in its failure message.
 
+With tracing on (`monitor.tracing`, or `OTEL_TRACES_EXPORTER=otlp`: services/common/tracing.py) the
+tracer is made before the build and flushed at the stop; an OTLP protocol it cannot export exits 2.
+
 Every service also serves `rft.v1.Liveness` (services/common/liveness.py): a heartbeat on its event loop
 and the step it is on (`liveness.track(...)` in its build), which `rft run` asks to tell a hung process,
 and whether its unit of work in flight moves (services/common/progress.py, `services.progress_timeout`):
@@ -33,7 +36,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from grpc_health.v1 import health_pb2
 from prometheus_client import start_http_server
 
-from services.common import liveness, progress
+from services.common import liveness, progress, tracing
 from services.common.config import ConfigError, RFTConfig, load_config
 from services.common.log import configure_logging
 from services.common.plugins import PluginError, load_plugin_dirs, python_path, resolve_plugin_dirs
@@ -138,6 +141,11 @@ async def run_service(
     endpoint = getattr(config.services, service)
     log = configure_logging(service, run=config.name, level=config.log.level, fmt=config.log.format)
     stop = _STOP[0] = asyncio.Event()
+    try:  # before the build: the channels it opens carry the trace context
+        tracing.setup_tracing(service, config.monitor.tracing)
+    except tracing.TracingSetupError as exc:
+        log.error("cannot trace", error=str(exc))
+        raise StartFailed(2) from exc
     try:
         if plugins is not None:
             plugins()
@@ -176,6 +184,7 @@ async def run_service(
         await serve_until_signal(handle, on_stop=close, stop_event=stop)
     finally:
         await liveness.stop_heartbeat(heartbeat)
+        await asyncio.to_thread(tracing.shutdown_tracing)  # the last spans go out
     log.info("stopped")
 
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from services.common import tracing
 from services.common.experience import Experience, ExperienceId
 from services.common.log import get_logger
 from services.common.monitor import Monitor
@@ -276,6 +277,13 @@ class ExplorerCore:
     # ------------------------------------------------------------------ explore
     async def explore_step(self) -> StepResult | None:
         """One explore step; None when the data or `total_steps` is used up (or stop was asked)."""
+        with tracing.span("explorer.step") as span:
+            result = await self._explore_step()
+            if span is not None and result is not None:
+                span.set_attribute("rft.step", result.step)
+            return result
+
+    async def _explore_step(self) -> StepResult | None:
         assert self._scheduler is not None, "call start() first"
         async with self._step_lock:
             if self._done():
@@ -283,7 +291,8 @@ class ExplorerCore:
             step = self.step + 1
             t0 = time.perf_counter()
             self.status = "WAITING_SYNC"
-            await self.gate.before_step(step, self.model_version)
+            with tracing.span("explorer.wait_weights"):
+                await self.gate.before_step(step, self.model_version)
             self.status = "RUNNING"
             if self.inflight is not None:
                 self.inflight.start()  # new versions land while this step samples
@@ -295,12 +304,13 @@ class ExplorerCore:
             tokens0, gen0 = self._engine_totals()
             updates0 = self._inflight_updates()
             t1 = time.perf_counter()
-            results = await asyncio.gather(*(self._run_task(t) for t in tasks))
-            filter_metrics: dict[str, float] = {}
-            if self.settings.filter_groups.enable:  # DAPO dynamic sampling
-                results, filter_metrics = await fill_step(
-                    results, len(tasks), self.settings.filter_groups, self._next_gen_batch
-                )
+            with tracing.span("explorer.rollout", {"rft.tasks": len(tasks)}):  # generate + reward
+                results = await asyncio.gather(*(self._run_task(t) for t in tasks))
+                filter_metrics: dict[str, float] = {}
+                if self.settings.filter_groups.enable:  # DAPO dynamic sampling
+                    results, filter_metrics = await fill_step(
+                        results, len(tasks), self.settings.filter_groups, self._next_gen_batch
+                    )
             t_run = time.perf_counter() - t1
             if results and not any(r.ok for r in results):
                 # nothing to train on: the trainer would wait for this step forever; say why instead
@@ -318,7 +328,9 @@ class ExplorerCore:
             t_sleep = t2 - t_sleep
             asleep = sum(1 for e in self.engines if getattr(e, "asleep", False))
             if experiences:
-                await self.sink.put(experiences)
+                with tracing.span("explorer.put", {"rft.experiences": len(experiences)}):
+                    tracing.stamp(experiences)  # the trainer's get-batch span links back here
+                    await self.sink.put(experiences)
             t_put = time.perf_counter() - t2
             self.step = step
             tokens1, gen1 = self._engine_totals()
@@ -433,11 +445,12 @@ class ExplorerCore:
         named = list(named_tensors)
         self.status = "SYNCING"
         try:
-            for engine in self.engines:
-                if strict:
-                    await engine.load_weights(named, version)
-                else:
-                    await engine.load_weights(named, version, strict=False)
+            with tracing.span("explorer.sync.apply", {"rft.model_version": version}):
+                for engine in self.engines:
+                    if strict:
+                        await engine.load_weights(named, version)
+                    else:
+                        await engine.load_weights(named, version, strict=False)
         finally:
             self.status = "RUNNING" if not self._stopping else "STOPPED"
         self.gate.notify_version(version)

@@ -18,6 +18,7 @@ import asyncio
 from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
+from services.common import tracing
 from services.common.experience import Experience
 from services.explorer.engines.base import GenerationOutput, RolloutEngine, SamplingParams
 
@@ -106,7 +107,8 @@ class ModelWrapper:
     ) -> list[GenerationOutput]:
         """`n` samples for one tokenised prompt (no truncation: the caller owns the ids)."""
         params = self.sampling_params(sampling, **overrides)
-        return (await self.engine.generate([list(prompt_ids)], params))[0]
+        with tracing.child_span("explorer.generate", {"rft.samples": params.n}):
+            return (await self.engine.generate([list(prompt_ids)], params))[0]
 
     async def _sample(self, ids: list[int], prompt_text: str, params: SamplingParams) -> list[Experience]:
         ids, cut = self.fit_prompt(ids)

@@ -12,6 +12,7 @@ hung one cannot be killed, but it is abandoned and never blocks the explorer or 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import statistics
 import threading
@@ -20,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from services.common import tracing
 from services.common.experience import Experience
 from services.common.log import get_logger
 from services.explorer.model_wrapper import ModelWrapper, PromptTooLong
@@ -48,9 +50,11 @@ class TaskResult:
 
 
 def in_daemon_thread(fn: Callable[[], Any]) -> asyncio.Future[Any]:
-    """Run `fn` in a daemon thread; the returned future resolves on the current loop."""
+    """Run `fn` in a daemon thread, in a copy of the caller's context (the trace span goes along); the
+    returned future resolves on the current loop."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Any] = loop.create_future()
+    context = contextvars.copy_context()
 
     def deliver(ok: bool, value: Any) -> None:
         if not future.done():
@@ -58,7 +62,7 @@ def in_daemon_thread(fn: Callable[[], Any]) -> asyncio.Future[Any]:
 
     def target() -> None:
         try:
-            result, ok = fn(), True
+            result, ok = context.run(fn), True
         except BaseException as exc:  # delivered to the awaiting task, which decides
             result, ok = exc, False
         if not loop.is_closed():
@@ -154,10 +158,11 @@ class WorkflowRunner:
         workflow = cls(task=task, model=self.model, auxiliary_models=self.auxiliary_models)
         if getattr(cls, "can_repeat", False) and hasattr(workflow, "set_repeat_times"):
             workflow.set_repeat_times(task.repeat_times)
-        if getattr(cls, "is_async", False):
-            exps = await workflow.run_async()
-        else:
-            exps = await in_daemon_thread(workflow.run)
+        with tracing.child_span("explorer.task", {"rft.task_id": str(task.task_id)}):
+            if getattr(cls, "is_async", False):
+                exps = await workflow.run_async()
+            else:
+                exps = await in_daemon_thread(workflow.run)
         exps = list(exps or [])
         if not exps or not all(isinstance(e, Experience) for e in exps):
             raise TypeError(f"workflow {task.workflow!r} returned {len(exps)} items; expected Experiences")

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from services.common import tracing
 from services.trainer.algorithms import (
     agg_loss,
     compute_kl_loss,
@@ -290,33 +291,37 @@ class Actor:
         loss_fn_metrics = torch.zeros(3, dtype=torch.float64)  # clipfrac, ppo_kl, clipfrac_lower
         self.optimizer.zero_grad(set_to_none=True)
         micro_batches = local_micro_batches(mini, self.info, self.batching)
-        for rows in accumulate(self.module, micro_batches, self.defer_sync):
-            micro = mini.rows(rows)
-            b = micro.batch
-            loss, pg_loss, ent_loss, kl_loss, pg_metrics = self._micro_loss(micro, diff)
-            scale = agg_normaliser(b.response_mask, mode) / global_norm if global_norm else 0.0
-            (loss * (scale * world)).backward()
-            token_share = float(b.response_mask.sum()) / global_tokens
-            for key, value in pg_metrics.items():
-                if key not in _TOKEN_WEIGHTED and key != "actor/pg_loss":
-                    extra[key] = extra.get(key, 0.0) + float(value) * scale
-            losses += torch.stack([pg_loss.detach(), ent_loss.detach(), kl_loss.detach()]).double() * scale
-            loss_fn_metrics += (
-                torch.tensor(
-                    [
-                        pg_metrics.get("actor/pg_clipfrac", 0.0),
-                        pg_metrics.get("actor/ppo_kl", 0.0),
-                        pg_metrics.get("actor/pg_clipfrac_lower", 0.0),
-                    ],
-                    dtype=torch.float64,
+        with tracing.span("trainer.forward_backward"):
+            for rows in accumulate(self.module, micro_batches, self.defer_sync):
+                micro = mini.rows(rows)
+                b = micro.batch
+                loss, pg_loss, ent_loss, kl_loss, pg_metrics = self._micro_loss(micro, diff)
+                scale = agg_normaliser(b.response_mask, mode) / global_norm if global_norm else 0.0
+                (loss * (scale * world)).backward()
+                token_share = float(b.response_mask.sum()) / global_tokens
+                for key, value in pg_metrics.items():
+                    if key not in _TOKEN_WEIGHTED and key != "actor/pg_loss":
+                        extra[key] = extra.get(key, 0.0) + float(value) * scale
+                losses += (
+                    torch.stack([pg_loss.detach(), ent_loss.detach(), kl_loss.detach()]).double() * scale
                 )
-                * token_share
-            )
-        grad_norm = clip_grad_norm(params, self.settings.actor_optim.grad_clip)
-        if math.isfinite(grad_norm):
-            self.optimizer.step()
-        else:
-            self.optimizer.zero_grad(set_to_none=True)
+                loss_fn_metrics += (
+                    torch.tensor(
+                        [
+                            pg_metrics.get("actor/pg_clipfrac", 0.0),
+                            pg_metrics.get("actor/ppo_kl", 0.0),
+                            pg_metrics.get("actor/pg_clipfrac_lower", 0.0),
+                        ],
+                        dtype=torch.float64,
+                    )
+                    * token_share
+                )
+        with tracing.span("trainer.optimizer"):
+            grad_norm = clip_grad_norm(params, self.settings.actor_optim.grad_clip)
+            if math.isfinite(grad_norm):
+                self.optimizer.step()
+            else:
+                self.optimizer.zero_grad(set_to_none=True)
         pg, ent, kl = losses.cpu()
         clipfrac, ppo_kl, clipfrac_lower = loss_fn_metrics
         return torch.stack([pg, clipfrac, ppo_kl, ent, kl, clipfrac_lower]), grad_norm

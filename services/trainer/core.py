@@ -44,6 +44,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+from services.common import tracing
 from services.common.buffer_client import LeaseUnknown
 from services.common.experience import Experience
 from services.common.lineage import StepLineage, experience_uid, read_lineage, write_lineage
@@ -235,6 +236,13 @@ class TrainerCore:
     # ---- the step -----------------------------------------------------------------------------
     async def train_step(self, timeout_ms: int = 60_000) -> StepResult:
         """Lease a batch, train on it, commit, ack.  Raises `NoBatchError` if none came in time."""
+        with tracing.span("trainer.step") as span:
+            result = await self._train_step(timeout_ms)
+            if span is not None:
+                span.set_attribute("rft.step", result.step)
+            return result
+
+    async def _train_step(self, timeout_ms: int) -> StepResult:
         if timeout_ms < 0:
             raise InvalidRequest("timeout_ms", f"{timeout_ms} must be >= 0")
         self._require(TrainerState.READY)
@@ -307,9 +315,11 @@ class TrainerCore:
         size = self.settings.train_batch_size
         t0 = time.perf_counter()
         min_version = max(0, self.model_version - self.max_staleness) if self.max_staleness is not None else 0
-        leased = await self.source.get_batch(size, timeout_ms=timeout_ms, min_model_version=min_version)
-        self._count_dropped(leased.dropped_stale, min_version)
-        experiences = leased.decoded() if leased.lease_id else []
+        with tracing.span("trainer.get_batch") as span:
+            leased = await self.source.get_batch(size, timeout_ms=timeout_ms, min_model_version=min_version)
+            self._count_dropped(leased.dropped_stale, min_version)
+            experiences = leased.decoded() if leased.lease_id else []
+            tracing.link_stamped(span, experiences)  # to the explorers' puts that brought them
         if len(experiences) < size:
             if leased.lease_id:
                 await self.source.nack(leased.lease_id)
@@ -321,12 +331,13 @@ class TrainerCore:
         cancelled = False
         try:
             step_batch = collate(experiences, self.engine.pad_token_id)
-            work = asyncio.ensure_future(asyncio.to_thread(self.engine.train_step, step_batch))
-            try:
-                metrics = await asyncio.shield(work)
-            except asyncio.CancelledError:
-                # the update runs on in its thread: let it end and commit it, then stop
-                metrics, cancelled = await work, True
+            with tracing.span("trainer.update"):  # its thread carries the span on (phases: worker.py)
+                work = asyncio.ensure_future(asyncio.to_thread(self.engine.train_step, step_batch))
+                try:
+                    metrics = await asyncio.shield(work)
+                except asyncio.CancelledError:
+                    # the update runs on in its thread: let it end and commit it, then stop
+                    metrics, cancelled = await work, True
         except BaseException:
             await self.source.nack(leased.lease_id)
             self.state = TrainerState.FAILED
@@ -362,7 +373,8 @@ class TrainerCore:
         if cancelled:
             raise asyncio.CancelledError
         if self._save_due():
-            await self._save_locked(block=False, save_as_hf=self._hf_due())
+            with tracing.span("trainer.save"):
+                await self._save_locked(block=False, save_as_hf=self._hf_due())
         # acks of durable steps go out while the next step and the weight sync run (settled before
         # the next lease, at the end of the run and at shutdown), off the path to the explorer
         self._start_acks()

@@ -36,6 +36,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
+from services.common import tracing
 from services.common.gpu_memory import cap_cuda_memory, release_cuda_cache
 from services.common.modeling import load_tokenizer
 from services.trainer.actor import Actor
@@ -67,8 +68,10 @@ def enable_gradient_checkpointing(model: nn.Module) -> None:
 
 @contextmanager
 def _timer(timings: dict[str, float], name: str) -> Iterator[None]:
+    """Time a phase of the step into `timing_s/<name>`, under the span `trainer.<name>` when tracing."""
     start = time.perf_counter()
-    yield
+    with tracing.span(f"trainer.{name}"):
+        yield
     timings[f"timing_s/{name}"] = timings.get(f"timing_s/{name}", 0.0) + time.perf_counter() - start
 
 

@@ -3,7 +3,12 @@ one: `eval/arithmetic/.../mean@2`, names mlflow refuses as they are) with each m
 the trainer's and the explorer's runs, read back with the backend's own library (tensorboard's
 EventAccumulator, wandb's offline run file, mlflow's MlflowClient on the run's SQLite store), hold
 every metric of `metrics/trainer.jsonl` and `metrics/explorer.jsonl` at the same steps with the same
-values (tensorboard's at float32, its scalar type)."""
+values (tensorboard's at float32, its scalar type).
+
+The tensorboard run also traces (docs/traces.md), turned on by the standard OTEL_* variables alone and
+exported to a real OTLP/HTTP receiver the test starts (tests/support/otlp_receiver.py): spans arrive from
+all four services, and one trainer step's trace holds the trainer's phases, the buffer's GetBatch and the
+synchronizer's side of the weight publish, its get-batch span linking to the explorer's puts."""
 
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ from tests.support.monitor_runs import (
     tensorboard_series,
     wandb_runs,
 )
+from tests.support.otlp_receiver import OTLPReceiver
 from tests.support.rft_run import assert_no_orphans, example, run_rft, tiny_model, write_config
 
 pytestmark = pytest.mark.slow
@@ -27,7 +33,9 @@ ARGS = {"tensorboard": {}, "wandb": {"mode": "offline"}, "mlflow": {"tags": {"te
 
 
 def _f32(series):
-    return {k: [(s, None if v is None else float(np.float32(v))) for s, v in pts] for k, pts in series.items()}
+    return {
+        k: [(s, None if v is None else float(np.float32(v))) for s, v in pts] for k, pts in series.items()
+    }
 
 
 @pytest.mark.parametrize("backend", ["tensorboard", "wandb", "mlflow"])
@@ -42,10 +50,14 @@ def test_monitor_backend_holds_every_jsonl_line(tmp_path, backend):
     tree["explorer"].update(eval_on_startup=False, eval_interval=STEPS)
     tree["trainer"].update(save_interval=0, save_hf_checkpoint="never")
     tree["monitor"] = {"monitor_type": backend, "monitor_args": ARGS[backend]}
-    proc = run_rft(write_config(tmp_path / "run.yaml", tree), timeout_s=150)
+    with OTLPReceiver() as receiver:
+        traced = receiver.environ() if backend == "tensorboard" else {}
+        proc = run_rft(write_config(tmp_path / "run.yaml", tree), timeout_s=150, extra_env=traced)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert_no_orphans(out)
+    if traced:
+        _assert_traces_link_up(receiver.spans)
 
     job = tmp_path / "ckpt" / "quickstart" / "arithmetic"
     expected = {
@@ -71,3 +83,34 @@ def test_monitor_backend_holds_every_jsonl_line(tmp_path, backend):
         for run, series in expected.items():
             got = mlflow_series(uri, "quickstart", run)
             assert got == {mlflow_metric_name(k): v for k, v in series.items()}, run
+
+
+def _assert_traces_link_up(spans):
+    services = {"rft-trainer", "rft-explorer", "rft-buffer", "rft-synchronizer"}
+    assert {s.service for s in spans} == services
+    steps = [s for s in spans if s.name == "trainer.step" and s.attributes.get("rft.step") == 2]
+    assert len(steps) == 1, sorted({s.name for s in spans})
+    trace = [s for s in spans if s.trace_id == steps[0].trace_id]
+    names = {(s.service, s.name) for s in trace}
+    for phase in ("get_batch", "update", "forward_backward", "optimizer", "publish", "sync.push"):
+        assert ("rft-trainer", f"trainer.{phase}") in names, phase
+    assert ("rft-buffer", "rft.v1.BufferService/GetBatch") in names
+    assert "rft-synchronizer" in {s.service for s in trace}  # the weight publish's other side
+    (get_batch,) = [s for s in trace if s.name == "trainer.get_batch"]
+    puts = {(s.trace_id, s.span_id): s for s in spans if s.name == "explorer.put"}
+    assert get_batch.links and all(link in puts for link in get_batch.links)
+    put = puts[get_batch.links[0]]
+    assert put.service == "rft-explorer"
+    # the put's own trace: the explorer's step, and the buffer storing the experiences
+    put_trace = {(s.service, s.name) for s in spans if s.trace_id == put.trace_id}
+    for phase in ("step", "rollout", "task", "generate", "reward"):
+        assert ("rft-explorer", f"explorer.{phase}") in put_trace, phase
+    assert any(svc == "rft-buffer" and name.startswith("rft.v1.BufferService/Put") for svc, name in put_trace)
+    # the explorer's side of a weight sync: the fetch pulls from the synchronizer, then the load
+    (fetch, *_) = [s for s in spans if s.name == "explorer.sync.fetch"]
+    fetch_trace = {(s.service, s.name) for s in spans if s.trace_id == fetch.trace_id}
+    assert ("rft-synchronizer", "rft.v1.SynchronizerService/PullWeights") in fetch_trace
+    assert ("rft-explorer", "explorer.sync.apply") in fetch_trace
+    by_id = {s.span_id: s for s in trace}
+    for s in trace:  # every span's parent is in the trace (the trace is whole, across processes)
+        assert not s.parent_span_id or s.parent_span_id in by_id, (s.service, s.name)

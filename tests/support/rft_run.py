@@ -39,9 +39,16 @@ def rft_argv(config: Path, *sets: str) -> list[str]:
     return argv
 
 
-def run_rft(config: Path, *sets: str, timeout_s: float = 280) -> subprocess.CompletedProcess[str]:
+def run_rft(
+    config: Path, *sets: str, timeout_s: float = 280, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        rft_argv(config, *sets), cwd=ROOT, env=env(), capture_output=True, text=True, timeout=timeout_s
+        rft_argv(config, *sets),
+        cwd=ROOT,
+        env={**env(), **(extra_env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
     )
 
 

@@ -100,12 +100,27 @@ class TrainerConfig(Section):
     trainer_config: dict[str, Any] = {}
 
 
+class TracingConfig(Section):
+    """OpenTelemetry traces of every service (services/common/tracing.py, docs/traces.md). Off by default;
+    the standard environment (`OTEL_TRACES_EXPORTER=otlp`, `OTEL_EXPORTER_OTLP_ENDPOINT`) turns it on too."""
+
+    # Export spans over OTLP/HTTP (protobuf) from every service.
+    enabled: bool = False
+    # The collector's OTLP/HTTP address (e.g. `http://localhost:4318`; `/v1/traces` is added when missing).
+    # Unset: `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` / `OTEL_EXPORTER_OTLP_ENDPOINT`, else http://localhost:4318.
+    endpoint: str | None = None
+    # Fraction of traces kept (a trace started elsewhere keeps its caller's decision).
+    sample_ratio: float = Field(1.0, ge=0.0, le=1.0)
+
+
 class MonitorConfig(Section):
     """Metric sinks. Console and JSON lines always run; this adds one more backend."""
 
     monitor_type: Literal["none", "console", "tensorboard", "wandb", "mlflow"] = "console"
     monitor_args: dict[str, Any] = {}
     detailed_stats: bool = False
+    # OpenTelemetry traces across the services (docs/traces.md).
+    tracing: TracingConfig = TracingConfig()
 
 
 class LogConfig(Section):

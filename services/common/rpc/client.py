@@ -24,6 +24,7 @@ import grpc
 
 from services.common.config.services import TLSConfig
 from services.common.rpc.auth import client_token_interceptors
+from services.common.rpc.trace_context import client_trace_interceptors
 from services.common.tls import handshake_problem, read_tls_file
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20
@@ -156,7 +157,8 @@ def create_channel(
         ("grpc.service_config", default_service_config(timeout_s, retries)),
     ]
     diagnosis = TLSDiagnosis(target, tls)
-    interceptors: list[Any] = [diagnosis]
+    # the trace context first (outermost: its client span covers the TLS diagnosis); none when off
+    interceptors: list[Any] = [*client_trace_interceptors(), diagnosis]
     if auth_token:
         interceptors += client_token_interceptors(auth_token)
     if tls is not None and tls.client_tls:

@@ -2,11 +2,11 @@
 optional bearer token and TLS (mutual with `services.tls.client_auth`), and a graceful stop on
 SIGTERM/SIGINT.
 
-Interceptors run in this order: the bearer token first (a refused call's body is never parsed), then
-`DecodeErrorInterceptor` (undecodable request bytes, and a string or list over its bound ->
-INVALID_ARGUMENT). SO_REUSEPORT is off: grpc
-turns it on by default, which lets a second server bind a port in use, report "serving" and silently
-split the clients between two processes (two buffers, two stores); here that is `PortInUseError`.
+Interceptors run in this order: the trace context (only while tracing is on: trace_context.py), the
+bearer token (a refused call's body is never parsed), then `DecodeErrorInterceptor` (undecodable request
+bytes, and a string or list over its bound -> INVALID_ARGUMENT). SO_REUSEPORT is off: grpc turns it on by
+default, which lets a second server bind a port in use, report "serving" and silently split the clients
+between two processes (two buffers, two stores); here that is `PortInUseError`.
 """
 
 from __future__ import annotations
@@ -23,10 +23,12 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from services.common import tracing
 from services.common.config.services import TLSConfig
 from services.common.rpc.auth import BearerTokenServerInterceptor
 from services.common.rpc.client import DEFAULT_MAX_MESSAGE_BYTES, channel_options
 from services.common.rpc.decode import DecodeErrorInterceptor
+from services.common.rpc.trace_context import TraceServerInterceptor
 from services.common.tls import TLSFileError, read_tls_file
 
 # (add_XServicer_to_server function, servicer instance, full service name e.g. "rft.v1.BufferService")
@@ -112,6 +114,8 @@ async def start_server(
     Raises `PortInUseError` ("port N on HOST is in use") when another process holds the port, and
     `TLSSetupError` (naming the setting) when a TLS file cannot be read."""
     interceptors: list[grpc.aio.ServerInterceptor] = []
+    if tracing.enabled():  # outermost: a refused call has its span too
+        interceptors.append(TraceServerInterceptor())
     if auth_token:
         interceptors.append(BearerTokenServerInterceptor(auth_token))
     interceptors.append(DecodeErrorInterceptor())

@@ -12,6 +12,7 @@ import random
 import re
 from typing import Any
 
+from services.common import tracing
 from services.common.experience import Experience
 from services.explorer.workflows.base import WORKFLOWS, WorkflowBase
 from services.explorer.workflows.math import finish
@@ -58,7 +59,8 @@ class ArithmeticWorkflow(WorkflowBase):
         options = {
             k: float(v) for k, v in self.task.reward_fn_args.items() if k in ("correct_score", "format_score")
         }
-        for exp in exps:
-            reward = arithmetic_reward(exp.response_text, self.task.ground_truth, **options)
-            finish(exp, reward, {}, options.get("correct_score", 1.0))
+        with tracing.child_span("explorer.reward"):
+            for exp in exps:
+                reward = arithmetic_reward(exp.response_text, self.task.ground_truth, **options)
+                finish(exp, reward, {}, options.get("correct_score", 1.0))
         return exps

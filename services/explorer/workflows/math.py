@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from services.common import tracing
 from services.common.experience import Experience
 from services.common.rewards import default_compute_score, get_scorer
 from services.explorer.tasks import Task
@@ -25,6 +26,11 @@ JUDGE_PROMPT = (
 
 def score_response(task: Task, response: str) -> tuple[float, dict[str, float]]:
     """(reward, extra numeric metrics) of one response under the task's reward function."""
+    with tracing.child_span("explorer.reward"):
+        return _score(task, response)
+
+
+def _score(task: Task, response: str) -> tuple[float, dict[str, float]]:
     raw = task.raw
     extra_info = raw.get("extra_info") if isinstance(raw.get("extra_info"), Mapping) else None
     if task.reward_fn:

@@ -36,6 +36,7 @@ from typing import Any
 import grpc
 from rft.v1 import common_pb2, synchronizer_pb2
 
+from services.common import tracing
 from services.weight_sync import GroupBrokenError, StaleGenerationError
 from services.weight_sync.member.away import Backoff, is_away, synchronizer_away
 from services.weight_sync.member.client import RunFinished, SyncClient, SyncWaitTimeout
@@ -136,7 +137,8 @@ class ExplorerSyncGate:
                 self.waiting_for = offered
                 t_fetch = time.perf_counter()
                 try:
-                    loaded = await self.fetch(answer)
+                    with tracing.span("explorer.sync.fetch", {"rft.model_version": offered}):
+                        loaded = await self.fetch(answer)
                 except Exception as exc:
                     if is_away(exc):
                         # the synchronizer stopped, restarted (it lost the payload) or moved on to a

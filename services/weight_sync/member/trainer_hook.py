@@ -28,6 +28,7 @@ from typing import Any
 
 import grpc
 
+from services.common import tracing
 from services.weight_sync import TensorSpec
 from services.weight_sync.member.client import SyncClient
 from services.weight_sync.member.superseded import (
@@ -109,6 +110,10 @@ class TrainerSyncHook:
         return {**await task, "sync/pipelined": 1.0}
 
     async def _publish(self, step: int, snapshot: Any) -> Mapping[str, float]:
+        with tracing.span("trainer.publish", {"rft.step": step}):
+            return await self._publish_traced(step, snapshot)
+
+    async def _publish_traced(self, step: int, snapshot: Any) -> Mapping[str, float]:
         t0 = time.perf_counter()
         if self.method.broadcast and not self._specs_sent:
             await self._prepare_group()
@@ -125,7 +130,8 @@ class TrainerSyncHook:
                 transfer = broadcast_unless_called_off(
                     self.client, decision.generation, transfer, self.abandon
                 )
-            result = await transfer
+            with tracing.span("trainer.sync.push", {"rft.sync_method": self.method.name}):
+                result = await transfer
             t2 = time.perf_counter()
         except Exception as exc:
             await self.method.failed(self.client, decision.generation, exc)
