@@ -78,6 +78,7 @@ class BufferView:
     capacity: int = 0
     pending_leases: int = 0
     pending_experiences: int = 0
+    oldest_lease_age_s: float = 0.0
     accepted: int = 0
     acked: int = 0
     dropped_stale: int = 0
@@ -287,6 +288,7 @@ class Collector:
             return
         view.answered, view.store, view.size, view.capacity = True, r.store, r.size, r.capacity
         view.pending_leases, view.pending_experiences = r.pending_leases, r.pending_experiences
+        view.oldest_lease_age_s = r.oldest_lease_age_s
         view.accepted, view.acked, view.dropped_stale = r.accepted, r.acked, r.dropped_stale
         held = [v for v, n in r.per_model_version.items() if n > 0]
         view.oldest_version = min(held) if held else None

@@ -83,7 +83,8 @@ def _pipeline(snap: Snapshot) -> Table:
         table.add_column("buffer")
         cells.append([NO_ANSWER] if not b.answered else [
             f"depth {b.size}" + (f"/{b.capacity}" if b.capacity else "") + f" ({b.store})",
-            f"leases {b.pending_leases} ({b.pending_experiences} exp)",
+            f"leases {b.pending_leases} ({b.pending_experiences} exp)"
+            + (f", oldest {b.oldest_lease_age_s:.1f} s" if b.pending_leases else ""),
             f"accepted {b.accepted}  acked {b.acked}",
             f"dropped stale {b.dropped_stale}",
             f"oldest version stored {_num(b.oldest_version, 'd')}",

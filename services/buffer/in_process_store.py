@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from services.buffer.records import (
@@ -36,6 +36,7 @@ class _Lease:
     deadline_ms: int  # 0: fenced (taken with an epoch), never expires
     consumer: str = ""
     epoch: int = 0
+    taken_ms: int = 0  # when it was taken (the store's clock)
 
 
 @dataclass
@@ -57,6 +58,11 @@ ACKED_IDS_KEPT = 100_000
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def oldest_lease_age_s(taken_ms: Iterable[int], now: int) -> float:
+    """Seconds since the oldest lease was taken, given when each was (0 when there is none)."""
+    return max(((now - taken) / 1000 for taken in taken_ms), default=0.0)
 
 
 class InProcessStore(AdmittingStore):
@@ -214,6 +220,7 @@ class InProcessStore(AdmittingStore):
             deadline_ms=deadline,
             consumer=request.consumer or "trainer",
             epoch=request.epoch,
+            taken_ms=self._clock_ms(),
         )
         state.pending_n += total
         return LeaseOutcome(
@@ -274,6 +281,9 @@ class InProcessStore(AdmittingStore):
             capacity=self.capacity,
             pending_leases=len(state.leases),
             pending_experiences=state.pending_n,
+            oldest_lease_age_s=oldest_lease_age_s(
+                (x.taken_ms for x in state.leases.values()), self._clock_ms()
+            ),
             accepted=self._accepted,
             rejected=self._rejected,
             dropped_stale=state.dropped_stale,

@@ -31,12 +31,15 @@ def metric_families(stats_by_group: dict[str, StoreStats]) -> list:
     group_labels = ["store", "consumer_group"]
     leases = GaugeMetricFamily("rft_buffer_pending_leases", "Leases not yet acked", labels=group_labels)
     pending = GaugeMetricFamily("rft_buffer_pending_experiences", "Leased, not acked", labels=group_labels)
+    oldest = GaugeMetricFamily(
+        "rft_buffer_oldest_lease_age_seconds", "Age of the oldest lease held (0: none)", labels=group_labels
+    )
     dropped = CounterMetricFamily("rft_buffer_dropped_stale", "Dropped by staleness", labels=group_labels)
     redelivered = CounterMetricFamily(
         "rft_buffer_redelivered", "Experiences redelivered", labels=group_labels
     )
     acked = CounterMetricFamily("rft_buffer_acked", "Experiences acked", labels=group_labels)
-    families = [size, capacity, accepted, rejected, versions, leases, pending, dropped, redelivered, acked]
+    families = [size, capacity, accepted, rejected, versions, leases, pending, oldest, dropped, redelivered, acked]
     if not stats_by_group:
         return families
     any_stats = next(iter(stats_by_group.values()))
@@ -51,6 +54,7 @@ def metric_families(stats_by_group: dict[str, StoreStats]) -> list:
         labels = [store, group]
         leases.add_metric(labels, stats.pending_leases)
         pending.add_metric(labels, stats.pending_experiences)
+        oldest.add_metric(labels, stats.oldest_lease_age_s)
         dropped.add_metric(labels, stats.dropped_stale)
         redelivered.add_metric(labels, stats.redelivered)
         acked.add_metric(labels, stats.acked)

@@ -268,6 +268,7 @@ class StoreStats:
     acked: int = 0
     per_model_version: dict[int, int] = field(default_factory=dict)
     store: str = ""
+    oldest_lease_age_s: float = 0.0  # the group's oldest lease now held (0: none)
 
 
 def add_versions(total: dict[int, int], versions: Iterable[tuple[int, int]], sign: int = 1) -> None:

@@ -15,6 +15,7 @@ Layout (P = stream prefix, G = consumer group):
   P:g:G:deadlines   zset: lease_id scored by deadline (ms, Redis clock); fenced leases are not in it
   P:g:G:epochs      hash: consumer -> epoch (fencing token handed out by OPEN)
   P:g:G:expired     zset: lease ids that expired, scored by when (kept 24 h), so Ack/Nack says "expired"
+  P:g:G:taken       zset: lease ids now held, scored by when they were taken (ms; Stats' oldest lease age)
   P:g:G:requeue     list: "id n vc" of groups to redeliver (nacked, expired, or orphaned)
   P:g:G:stats       hash: acked, dropped_stale, redelivered, pending_n
   P:g:G:acked:L     string with expiry: lease L was acked (n), so a retried Ack is answered again
@@ -25,12 +26,13 @@ capacity.
 
 from __future__ import annotations
 
-# KEYS of group scripts: stream, meta, versions, leases, deadlines, requeue, gstats, epochs, expired, data.
+# KEYS of group scripts: stream, meta, versions, leases, deadlines, requeue, gstats, epochs, expired, data,
+# taken.
 # ARGV[1] = group.
 COMMON = r"""
 local stream, meta, versions = KEYS[1], KEYS[2], KEYS[3]
 local leases, deadlines, requeue, gstats, epochs = KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
-local expired, data = KEYS[9], KEYS[10]
+local expired, data, taken = KEYS[9], KEYS[10], KEYS[11]
 local group = ARGV[1]
 -- how long an expired lease id is remembered (ms; the Redis store's ACKED_KEPT_MS)
 local EXPIRED_KEPT_MS = 86400000
@@ -78,6 +80,7 @@ local function expire(now)
       for _, it in ipairs(items) do redis.call('RPUSH', requeue, item_text(it)) end
       redis.call('HINCRBY', gstats, 'pending_n', -n)
       redis.call('HDEL', leases, lid)
+      redis.call('ZREM', taken, lid)
       redis.call('ZADD', expired, now, lid)
     end
     redis.call('ZREM', deadlines, lid)
@@ -257,6 +260,7 @@ if epoch > 0 then deadline = 0 end
 local lines = {deadline, total, epoch, consumer}
 for _, it in ipairs(items) do lines[#lines + 1] = item_text(it) end
 redis.call('HSET', leases, lease_id, table.concat(lines, '\n'))
+redis.call('ZADD', taken, now, lease_id)
 if deadline > 0 then redis.call('ZADD', deadlines, deadline, lease_id) end
 redis.call('HINCRBY', gstats, 'pending_n', total)
 if redelivered > 0 then redis.call('HINCRBY', gstats, 'redelivered', redelivered) end
@@ -286,7 +290,7 @@ SETTLE = (
     + r"""
 local lease_id, mode = ARGV[2], ARGV[3]
 local epoch, consumer = tonumber(ARGV[5]), ARGV[6]
-local acked_key = KEYS[11]
+local acked_key = KEYS[12]
 local now = now_ms()
 if consumer ~= '' then
   local code, current = check_epoch(consumer, epoch)
@@ -307,6 +311,7 @@ if deadline > 0 and deadline <= now then
 end
 redis.call('HDEL', leases, lease_id)
 redis.call('ZREM', deadlines, lease_id)
+redis.call('ZREM', taken, lease_id)
 redis.call('HINCRBY', gstats, 'pending_n', -n)
 if mode == 'ack' then
   ack_items(items)
@@ -319,13 +324,24 @@ return {1, n}
 """
 )
 
-# ARGV: group. Expires due leases, then returns {meta, versions, gstats, lease count}.
+# ARGV: group. Expires due leases, then returns {meta, versions, gstats, lease count, oldest lease age ms}.
 STATS = (
     COMMON
     + r"""
-expire(now_ms())
+local now = now_ms()
+expire(now)
+local oldest = 0
+while true do
+  local first = redis.call('ZRANGE', taken, 0, 0, 'WITHSCORES')
+  if #first == 0 then break end
+  if redis.call('HEXISTS', leases, first[1]) == 1 then
+    oldest = now - tonumber(first[2])
+    break
+  end
+  redis.call('ZREM', taken, first[1])  -- a lease settled by an older version of these scripts
+end
 return {redis.call('HGETALL', meta), redis.call('HGETALL', versions), redis.call('HGETALL', gstats),
-        redis.call('HLEN', leases)}
+        redis.call('HLEN', leases), oldest}
 """
 )
 
@@ -384,6 +400,7 @@ for i = 1, #flat, 2 do
   elseif owner == consumer then
     redis.call('HDEL', leases, lid)
     redis.call('ZREM', deadlines, lid)
+    redis.call('ZREM', taken, lid)
     redis.call('HINCRBY', gstats, 'pending_n', -n)
     if to_ack[lid] then
       ack_items(items)

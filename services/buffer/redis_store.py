@@ -68,7 +68,8 @@ class RedisStore:
     def _group_keys(self, group: str) -> list[str]:
         base = [self._key("stream"), self._key("meta"), self._key("versions")]
         parts = ("leases", "deadlines", "requeue", "stats", "epochs", "expired")
-        return base + [self._key(f"g:{group}:{part}") for part in parts] + [self._key("data")]
+        group_keys = [self._key(f"g:{group}:{part}") for part in parts]
+        return base + group_keys + [self._key("data"), self._key(f"g:{group}:taken")]
 
     async def _run(self, script: str, keys: list[str], args: list[object]) -> object:
         handle = self._scripts.get(script)
@@ -189,7 +190,7 @@ class RedisStore:
         await self.client.hincrby(self._key("meta"), "rejected", n)
 
     async def stats(self, consumer_group: str) -> StoreStats:
-        meta, versions, gstats, leases = await self._run(
+        meta, versions, gstats, leases, oldest_ms = await self._run(
             "STATS", self._group_keys(consumer_group), [consumer_group]
         )  # type: ignore[misc]
         m, g = _int_map(meta), _int_map(gstats)
@@ -197,6 +198,7 @@ class RedisStore:
             size=m.get("size", 0),
             capacity=self.capacity,
             pending_leases=int(leases),
+            oldest_lease_age_s=int(oldest_ms) / 1000,
             pending_experiences=g.get("pending_n", 0),
             accepted=m.get("accepted", 0),
             rejected=m.get("rejected", 0),

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from rft.v1 import buffer_pb2
 
-from services.buffer.in_process_store import ACKED_IDS_KEPT, now_ms
+from services.buffer.in_process_store import ACKED_IDS_KEPT, now_ms, oldest_lease_age_s
 from services.buffer.records import (
     AdmittingStore,
     GroupRecord,
@@ -52,6 +52,7 @@ class _Lease:
     deadline_ms: int  # 0: taken with an epoch, never expires
     consumer: str = ""
     epoch: int = 0
+    taken_ms: int = 0  # when it was taken (the store's clock)
 
 
 class ReplayStore(AdmittingStore):
@@ -176,7 +177,9 @@ class ReplayStore(AdmittingStore):
         deadline = 0 if request.epoch else now + request.lease_ms
         for item in taken:
             item.leased = True
-        self._leases[lease_id] = _Lease([i.seq for i in taken], total, deadline, consumer, request.epoch)
+        self._leases[lease_id] = _Lease(
+            [i.seq for i in taken], total, deadline, consumer, request.epoch, taken_ms=self._clock_ms()
+        )
         return LeaseOutcome(
             committed=True,
             lease_id=lease_id,
@@ -235,6 +238,9 @@ class ReplayStore(AdmittingStore):
             capacity=self.capacity,
             pending_leases=len(self._leases),
             pending_experiences=sum(lease.n for lease in self._leases.values()),
+            oldest_lease_age_s=oldest_lease_age_s(
+                (x.taken_ms for x in self._leases.values()), self._clock_ms()
+            ),
             per_model_version=dict(self._versions),
             store=self.name,
             **self._counts,

@@ -175,6 +175,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
             acked=s.acked,
             per_model_version=s.per_model_version,
             store=s.store,
+            oldest_lease_age_s=s.oldest_lease_age_s,
         )
 
 

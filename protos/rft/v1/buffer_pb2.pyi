@@ -122,7 +122,7 @@ class StatsRequest(_message.Message):
     def __init__(self, consumer_group: _Optional[str] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("size", "capacity", "pending_leases", "pending_experiences", "accepted", "rejected", "dropped_stale", "redelivered", "acked", "per_model_version", "store")
+    __slots__ = ("size", "capacity", "pending_leases", "pending_experiences", "accepted", "rejected", "dropped_stale", "redelivered", "acked", "per_model_version", "store", "oldest_lease_age_s")
     class PerModelVersionEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -141,6 +141,7 @@ class StatsResponse(_message.Message):
     ACKED_FIELD_NUMBER: _ClassVar[int]
     PER_MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     STORE_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_LEASE_AGE_S_FIELD_NUMBER: _ClassVar[int]
     size: int
     capacity: int
     pending_leases: int
@@ -152,4 +153,5 @@ class StatsResponse(_message.Message):
     acked: int
     per_model_version: _containers.ScalarMap[int, int]
     store: str
-    def __init__(self, size: _Optional[int] = ..., capacity: _Optional[int] = ..., pending_leases: _Optional[int] = ..., pending_experiences: _Optional[int] = ..., accepted: _Optional[int] = ..., rejected: _Optional[int] = ..., dropped_stale: _Optional[int] = ..., redelivered: _Optional[int] = ..., acked: _Optional[int] = ..., per_model_version: _Optional[_Mapping[int, int]] = ..., store: _Optional[str] = ...) -> None: ...
+    oldest_lease_age_s: float
+    def __init__(self, size: _Optional[int] = ..., capacity: _Optional[int] = ..., pending_leases: _Optional[int] = ..., pending_experiences: _Optional[int] = ..., accepted: _Optional[int] = ..., rejected: _Optional[int] = ..., dropped_stale: _Optional[int] = ..., redelivered: _Optional[int] = ..., acked: _Optional[int] = ..., per_model_version: _Optional[_Mapping[int, int]] = ..., store: _Optional[str] = ..., oldest_lease_age_s: _Optional[float] = ...) -> None: ...

@@ -216,6 +216,34 @@ def _batch(*groups):
     return batch(*groups)
 
 
+async def test_stats_age_the_oldest_lease_held(store):
+    """Stats' oldest lease age: 0 with none held, growing while one is held, the next oldest's once the
+    first is acked, 0 again once every lease is settled (acked, nacked or expired)."""
+    await store.put(records(group("a", 2), group("b", 2), group("c", 2)))
+    assert (await store.stats("g")).oldest_lease_age_s == 0
+    first = await store.lease(req(2))
+
+    async def aged(lower: float) -> bool:
+        return (await store.stats("g")).oldest_lease_age_s >= lower
+
+    await asyncio.wait_for(_until(lambda: aged(0.5)), 5)
+    second = await store.lease(req(2))
+    before = (await store.stats("g")).oldest_lease_age_s
+    await store.ack("g", first.lease_id)
+    after = (await store.stats("g")).oldest_lease_age_s
+    assert after < before and after < 30  # the second lease's, taken 0.5 s or more after the first
+    await store.nack("g", second.lease_id)
+    assert (await store.stats("g")).oldest_lease_age_s == 0
+    await store.lease(req(2, lease_ms=100))  # expires: the expiry forgets it too
+    await asyncio.wait_for(_until(lambda: _expired(store)), 5)
+    assert (await store.stats("g")).oldest_lease_age_s == 0
+
+
+async def _expired(store) -> bool:
+    stats = await store.stats("g")
+    return stats.pending_leases == 0
+
+
 async def _until(predicate) -> None:
     while not await predicate():
         await asyncio.sleep(0.005)  # ok-sleep: polling with a deadline (callers wrap in wait_for)
