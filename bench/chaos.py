@@ -13,12 +13,13 @@ exactly once / experiences the runs needed (produced - remaining), "target" 1.0.
 
     python bench/chaos.py [--kills 20] [--per-run 5] [--steps 60] [--seed 1] [--quick]
 
-Nemesis mode (`--nemesis N`): N faults of six kinds mixed at random over runs of `--steps` steps
+Nemesis mode (`--nemesis N`): N faults of eight kinds mixed at random over runs of `--steps` steps
 (`--per-run` each; tests/support/nemesis.py): SIGKILL, a pause (SIGSTOP for 2-5 s), a hang (SIGSTOP never
 resumed, found by `services.liveness_timeout` 8 s), the buffer's Redis link cut both ways (5-12 s), one way
-(5-10 s) or slowed to 0.5 s per chunk (5-10 s), and Redis's disk filled until it cannot write and stops
-(2-6 s full, then freed and Redis started again; needs root to mount the small disk, else left out with a
-line saying so). Printed per fault kind: injected, survived (training went
+(5-10 s) or slowed to 0.5 s per chunk (5-10 s), Redis's disk filled until it cannot write and stops
+(2-6 s full, then freed and Redis started again), and the job folder's disk filled (4-8 s: checkpoints,
+logs and metrics fail to write); the disk faults need root to mount small disks, else they are left out
+with a line saying so. Printed per fault kind: injected, survived (training went
 on after it), recovery time from the fault's end to the next trainer step (median, max); per run the
 audit. The JSON line adds "by_kind"; "ratio" is as above.
 
@@ -28,6 +29,7 @@ audit. The JSON line adds "by_kind"; "ratio" is as above.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -62,7 +64,7 @@ def nemesis(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="rft-nemesis-disk-") as tmp, \
             SmallDisk.mount(Path(tmp) / "redis", "256m") as disk:  # fmt: skip
         if disk is None:
-            print(f"Redis's disk cannot be mounted ({SmallDisk.why_not}): redis_disk is left out", flush=True)
+            print(f"no small disk can be mounted ({SmallDisk.why_not}): the disk faults are left out", flush=True)
             kinds, directory = KINDS, Path(tmp)
         else:
             kinds, directory = KINDS + DISK_KINDS, disk.path
@@ -77,13 +79,21 @@ def nemesis(args: argparse.Namespace) -> None:
     _nemesis_report(args, faults, audits, walls, codes)
 
 
+@contextlib.contextmanager
+def _none():
+    yield None
+
+
 def _nemesis_runs(args: argparse.Namespace, server: RedisServer, kinds: tuple[str, ...]):
     faults: list[Fault] = []
     audits, walls, codes = [], [], []
     while len(faults) < args.nemesis:
         n = min(args.per_run, args.nemesis - len(faults))
         plan = nemesis_schedule(args.seed + len(walls), n, args.steps, kinds)
-        with tempfile.TemporaryDirectory(prefix="rft-nemesis-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="rft-nemesis-") as tmp, \
+                SmallDisk.mount(Path(tmp) / "ckpt", "256m") if "job_disk" in kinds else _none() as job_disk:  # fmt: skip
+            if "job_disk" in kinds and job_disk is None:
+                raise SystemExit(f"the job folder's disk cannot be mounted: {SmallDisk.why_not}")
             code, wall, job, log = run_nemesis(
                 Path(tmp), server, plan, args.steps, f"nem-{uuid.uuid4().hex[:6]}", timeout_s=900
             )

@@ -1,12 +1,54 @@
-"""structlog set-up: JSON lines for services, readable output on a console, with service/run/step fields."""
+"""structlog set-up: JSON lines for services, readable output on a console, with service/run/step fields.
+
+Logging never raises into the code that logs: on a full disk (or another I/O error of the log file) a
+line is dropped, and the next line that gets through is preceded by one saying how many were lost.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import sys
 from typing import Any, TextIO
 
 import structlog
+
+
+class LossyStream:
+    """A log stream whose failed writes (OSError: ENOSPC, EIO, ...) drop the line instead of raising."""
+
+    def __init__(self, stream: TextIO):
+        self.stream = stream
+        self.dropped = 0
+        self.why = ""
+
+    def write(self, text: str) -> int:
+        try:
+            if self.dropped:
+                notice = {
+                    "event": "log lines lost",
+                    "lines": self.dropped,
+                    "error": self.why,
+                    "level": "warning",
+                }
+                self.stream.write(json.dumps(notice) + "\n")
+                self.dropped = 0
+            self.stream.write(text)
+        except OSError as exc:
+            self.dropped += text.count("\n")  # print() writes a line, then its newline
+            self.why = f"{type(exc).__name__}: {exc}"
+        return len(text)
+
+    def flush(self) -> None:
+        with contextlib.suppress(OSError):  # what the stream buffered is written by a later flush
+            self.stream.flush()
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
 
 
 def configure_logging(
@@ -22,7 +64,9 @@ def configure_logging(
     `fmt`: `json` (one object per line), `console` (readable), or `auto` (console on a TTY, else JSON).
     Bind the current step with `structlog.contextvars.bind_contextvars(step=n)`.
     """
-    out = stream or sys.stderr
+    out: Any = stream or sys.stderr
+    if not isinstance(out, LossyStream):
+        out = LossyStream(out)
     if fmt == "auto":
         fmt = "console" if out.isatty() else "json"
     renderer: Any = (

@@ -225,29 +225,37 @@ async def _trainer_step(client: SyncClient, timeout_s: float) -> int:
 
 
 async def _auto_run(core: ExplorerCore, client: SyncClient | None) -> None:
-    code = 0
+    code = 1  # until the run says otherwise: an error on the way out still ends the process failed
     try:
-        if core.settings.mode == "bench":
-            found = find_checkpoints(core.settings.job_dir, core.settings.bench_on_latest_checkpoint)
-            await core.bench(found)
-        else:
-            await core.explore()
-        log.info("done", step=core.step)
-    except RunFinished:
-        log.info("run finished", step=core.step)
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:
-        code = core.failed(exc, log, step=core.step)
-    settle = getattr(core.gate, "settle", None)
-    if settle is not None:  # the last load's report goes out before this explorer leaves
         try:
-            await settle()
+            if core.settings.mode == "bench":
+                found = find_checkpoints(core.settings.job_dir, core.settings.bench_on_latest_checkpoint)
+                await core.bench(found)
+            else:
+                await core.explore()
+            log.info("done", step=core.step)
+            code = 0
+        except RunFinished:
+            log.info("run finished", step=core.step)
+            code = 0
+        except asyncio.CancelledError:
+            raise
         except Exception as exc:
-            log.warning("last sync report failed", error=f"{type(exc).__name__}: {exc}")
-    if client is not None and not await client.leave(ok=code == 0):
-        log.warning("could not report the end to the synchronizer")
-    stop_service(code)
+            code = core.failed(exc, log, step=core.step)
+        settle = getattr(core.gate, "settle", None)
+        if settle is not None:  # the last load's report goes out before this explorer leaves
+            try:
+                await settle()
+            except Exception as exc:
+                log.warning("last sync report failed", error=f"{type(exc).__name__}: {exc}")
+        if client is not None and not await client.leave(ok=code == 0):
+            log.warning("could not report the end to the synchronizer")
+    except asyncio.CancelledError:
+        code = -1  # stopped from outside (the service is closing): nothing to end here
+        raise
+    finally:
+        if code >= 0:
+            stop_service(code)  # whatever happened on the way out, the process ends with the run
 
 
 def make_build(explorer_id: str | None = None, shard: str | None = None):

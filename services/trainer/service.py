@@ -227,32 +227,39 @@ async def _explorers_stopped(client: SyncClient) -> bool:
 
 async def _drive(core: TrainerCore, client: SyncClient | None) -> None:
     """`trainer.auto_start`: the whole run, then stop the service with the exit code."""
-    code = 0
+    code = 1  # until the run says otherwise: an error on the way out still ends the process failed
     try:
-        ended = (lambda: _explorers_stopped(client)) if client is not None else None
-        log.info("training", start_step=core.global_step, total_steps=core.settings.total_steps)
-        await core.run(timeout_ms=LEASE_WAIT_MS, data_ended=ended)
-        path = await core.finish()
-        reason = (
-            "total_steps reached"
-            if core.finished
-            else "data exhausted: every explorer finished its data and the buffer holds less than a batch"
-        )
-        log.info(
-            "run finished",
-            reason=reason,
-            step=core.global_step,
-            total_steps=core.settings.total_steps,
-            checkpoint=path,
-        )
+        try:
+            ended = (lambda: _explorers_stopped(client)) if client is not None else None
+            log.info("training", start_step=core.global_step, total_steps=core.settings.total_steps)
+            await core.run(timeout_ms=LEASE_WAIT_MS, data_ended=ended)
+            path = await core.finish()
+            code = 0
+            reason = (
+                "total_steps reached"
+                if core.finished
+                else "data exhausted: every explorer finished its data and the buffer holds less than a batch"
+            )
+            log.info(
+                "run finished",
+                reason=reason,
+                step=core.global_step,
+                total_steps=core.settings.total_steps,
+                checkpoint=path,
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            code = 1
+            log.exception("trainer failed", step=core.global_step, error=f"{type(exc).__name__}: {exc}")
+        if client is not None and not await client.leave(ok=code == 0):
+            log.warning("could not report the end of the run to the synchronizer")
     except asyncio.CancelledError:
+        code = -1  # stopped from outside (the service is closing): nothing to end here
         raise
-    except Exception as exc:
-        code = 1
-        log.exception("trainer failed", step=core.global_step, error=f"{type(exc).__name__}: {exc}")
-    if client is not None and not await client.leave(ok=code == 0):
-        log.warning("could not report the end of the run to the synchronizer")
-    stop_service(code)
+    finally:
+        if code >= 0:
+            stop_service(code)  # whatever happened on the way out, the process ends with the run
 
 
 def run_worker_rank(config: RFTConfig) -> int:

@@ -137,9 +137,12 @@ def _run(stack: Stack, seen: dict[str, Any]) -> None:
                  lambda s=step: stack.max_step() > s + 3, 300, stack.describe)  # fmt: skip
         seen[f"{service}_stopped_at_step"] = step
     for alert in ("RftServiceDown", "RftServiceRestarted"):
-        jobs = {labels["job"] for labels in prom.fired(alert)}
-        seen[f"alert_{alert}"] = sorted(jobs)
-        assert jobs == JOBS, (alert, jobs)
+        # the last restarted service is seen restarted once Prometheus has scraped its new process
+        fired = lambda a=alert: {labels["job"] for labels in prom.fired(a)}  # noqa: E731
+        wait_for(f"{alert} for every stopped service", lambda f=fired: f() >= JOBS, 60,
+                 lambda f=fired: f"fired for {sorted(f())}")  # fmt: skip
+        seen[f"alert_{alert}"] = sorted(fired())
+        assert fired() == JOBS, (alert, fired())
 
     # every explorer stopped: the trainer takes what the buffer holds, then stalls and the alert fires
     at = time.monotonic()

@@ -1,6 +1,7 @@
 """The nemesis, short: one fault of each kind (SIGKILL, a pause, a hang, the buffer's Redis link cut both
-ways, one way, and slowed, and Redis's disk full: it stops, and starts again once the space returns; that
-one needs root to mount the small disk) at seeded moments of one 40-step Redis-store run
+ways, one way, and slowed; Redis's disk full: it stops, and starts again once the space returns; the job
+folder's disk full: checkpoints, logs and metrics cannot be written for a while; the disk faults need
+root to mount small disks) at seeded moments of one 40-step Redis-store run
 (tests/support/nemesis.py). The
 run completes at `total_steps`, training goes on after every fault, and the audit finds nothing lost and
 nothing trained twice. `python bench/chaos.py --nemesis 30` runs the long version."""
@@ -26,13 +27,16 @@ TOTAL, SEED = 40, 3
 @pytest.mark.timeout(700)
 def test_one_fault_of_each_kind_nothing_lost_nothing_twice(tmp_path):
     require_redis_server()
-    with SmallDisk.mount(tmp_path / "redis-disk", "128m") as disk:
-        if disk is None:
+    with (
+        SmallDisk.mount(tmp_path / "redis-disk", "128m") as disk,
+        SmallDisk.mount(tmp_path / "ckpt", "256m") as job_disk,
+    ):
+        if disk is None or job_disk is None:
             warnings.warn(
-                f"!!! no small disk for Redis ({SmallDisk.why_not}): the redis_disk fault is left out",
+                f"!!! no small disks ({SmallDisk.why_not}): the redis_disk and job_disk faults are left out",
                 stacklevel=1,
             )
-        kinds = KINDS + DISK_KINDS if disk is not None else KINDS
+        kinds = KINDS + DISK_KINDS if disk is not None and job_disk is not None else KINDS
         faults = nemesis_schedule(SEED, len(kinds), TOTAL, kinds)
         assert sorted(f.kind for f in faults) == sorted(kinds)
         directory = disk.path if disk is not None else tmp_path / "redis"

@@ -11,11 +11,13 @@ which goes through a `NetProxy`):
 - `slow`: every chunk on that link delayed by 0.5 s for a while;
 - `redis_disk` (DISK_KINDS, when Redis keeps its append-only file on a `SmallDisk`): the disk filled until
   Redis cannot write and exits (`appendfsync always`: it never acknowledges what it could not persist), held
-  full a few seconds, then freed and Redis started again on its AOF, as a restart policy would.
+  full a few seconds, then freed and Redis started again on its AOF, as a restart policy would;
+- `job_disk` (DISK_KINDS, when `checkpoint_root_dir` is a `SmallDisk`): the disk of the job folder filled
+  (checkpoints, lineage, metrics, the services' logs, `rft run`'s own run files), held full a few seconds,
+  then freed: the services that fail on it are restarted and the run goes on from its last checkpoint.
 
-Recovery is measured from the end of the fault (the kill or hang itself, the heal, Redis back) to the next
-trainer step line. A full checkpoint disk is not in the mix: the job folder holds the services' logs and
-metrics too, and that fault is tested on its own (tests/integration/trainer/test_checkpoint_disk_full.py).
+Recovery is measured from the end of the fault (the kill or hang itself, the heal, Redis back, the disk
+freed) to the next trainer step line.
 """
 
 from __future__ import annotations
@@ -36,14 +38,15 @@ from tests.support.rft_run import poll_until, start_rft, write_config
 from tests.support.small_disk import SmallDisk
 
 KINDS = ("kill", "pause", "hang", "partition", "oneway", "slow")
-DISK_KINDS = ("redis_disk",)
+DISK_KINDS = ("redis_disk", "job_disk")
 LIVENESS_S = 8
 
 
 @dataclass
 class Fault:
     kind: str
-    service: str  # the process acted on ("buffer" for the link faults: its Redis link; "redis" for its disk)
+    service: str  # the process acted on ("buffer" for the link faults: its Redis link; "redis" or "job":
+    # the disk of Redis or of the job folder)
     after_step: int
     hold_s: float  # how long a pause or a link fault lasts (0 for kill and hang)
     recovery_s: float | None = None  # end of the fault -> the next trainer step line
@@ -59,9 +62,10 @@ def nemesis_schedule(seed: int, faults: int, total_steps: int, kinds: tuple[str,
     out = []
     for kind, step in zip(kinds, steps, strict=True):
         service = "buffer" if kind in ("partition", "oneway", "slow") else rng.choice(SERVICES)
-        service = "redis" if kind in DISK_KINDS else service
+        service = {"redis_disk": "redis", "job_disk": "job"}.get(kind, service)
         hold = {"pause": rng.uniform(2, 5), "partition": rng.uniform(5, 12), "oneway": rng.uniform(5, 10),
-                "slow": rng.uniform(5, 10), "redis_disk": rng.uniform(2, 6)}.get(kind, 0.0)  # fmt: skip
+                "slow": rng.uniform(5, 10), "redis_disk": rng.uniform(2, 6),
+                "job_disk": rng.uniform(4, 8)}.get(kind, 0.0)  # fmt: skip
         out.append(Fault(kind, service, step, round(hold, 1)))
     return out
 
@@ -76,7 +80,8 @@ def run_nemesis(
     root: Path, redis: RedisServer, faults: list[Fault], total_steps: int, prefix: str, timeout_s: float
 ) -> tuple[int, float, Path, str]:
     """One run under `faults`; returns (rft run's exit code, wall seconds, job folder, log text). A
-    `redis_disk` fault needs `redis.directory` on a `SmallDisk`."""
+    `redis_disk` fault needs `redis.directory` on a `SmallDisk`, a `job_disk` fault `root / "ckpt"` (the
+    run's `checkpoint_root_dir`)."""
     with NetProxy.start("127.0.0.1", redis.port) as link:
         config, job = nemesis_config(root, f"redis://127.0.0.1:{link.port}/0", total_steps, prefix)
         log = root / "rft.log"
@@ -125,6 +130,12 @@ def _inject(
         return len(trainer_steps(job)), time.time()
     if fault.kind == "redis_disk":
         return _redis_disk(redis, fault, job)
+    if fault.kind == "job_disk":
+        disk = SmallDisk(job.parents[1])  # <root>/ckpt, the checkpoint_root_dir
+        disk.fill()
+        time.sleep(fault.hold_s)  # ok-sleep: the length of the injected fault
+        disk.free()
+        return len(trainer_steps(job)), time.time()
     child_config = job / "config.yaml"
     pids = poll_until(lambda: service_pids(child_config, fault.service), 120, f"a running {fault.service}")
     sig = signal.SIGKILL if fault.kind == "kill" else signal.SIGSTOP
