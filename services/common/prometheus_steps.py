@@ -67,7 +67,7 @@ class StepExport:
         self.role, self.run = role, run
         self.constants = dict(constants or {})
         self.step = 0
-        self.last_step_time = 0.0
+        self.last_step_time = time.time()  # before the first step: since the process began to wait
         self.values: dict[str, float] = {}
         self.totals: dict[str, float] = {s.name: 0.0 for s in SERIES[role] if s.counter}
         self._lock = threading.Lock()  # logged on the service's thread, read on the scrape thread

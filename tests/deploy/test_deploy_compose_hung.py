@@ -1,15 +1,15 @@
 """Hung services in the compose stack on a real Docker engine: deploy/docker-compose.yml brought up as a
 user would, with an override that only shortens the healthcheck window and `autoheal`'s period (the
-shipped ones give two minutes), then the trainer, the buffer, one explorer and the synchronizer are each
+shipped ones give two minutes), then the trainer, the buffer, the synchronizer and one explorer are each
 SIGSTOPped from the host in turn and never resumed:
 
 1. each turns `unhealthy` (its gRPC health check unanswered), `autoheal` restarts that container (a new
    process in the same container, not a restart policy: none acts on health), and the run goes on;
 2. no other container is restarted: the services waiting on the stopped one keep answering;
 3. Prometheus (deploy/docker-compose.prometheus.yml, the shipped rules with their intervals and the
-   stall threshold shortened) scrapes every service; each stopped service fires `RftServiceDown` and
-   its restart `RftServiceRestarted`; then both explorers are stopped (`compose stop`), the backlog
-   drains, the trainer stalls and `RftTrainingStalled` fires; they are started again;
+   stall threshold shortened) scrapes every service; first both explorers are stopped (`compose stop`),
+   the backlog drains, the trainer stalls and `RftTrainingStalled` fires, and they are started again;
+   then each SIGSTOPped service fires `RftServiceDown` and its restart `RftServiceRestarted`;
 4. the run ends by itself at `total_steps` and `rft audit` finds 0 lost, 0 trained twice;
 5. `down -v` leaves no container, network or volume of the project.
 
@@ -38,7 +38,8 @@ pytestmark = [pytest.mark.deploy, pytest.mark.slow]
 JOB = "/data/checkpoints/rft-mesh/compose"
 TOKEN = "deploy-hung-token"
 TOTAL_STEPS = 100
-ORDER = ("trainer", "buffer", "explorer", "synchronizer")
+# the explorer last: while one of two restarts, the other keeps the run going
+ORDER = ("trainer", "buffer", "synchronizer", "explorer")
 # the shipped window, shortened: unhealthy after 4 failed checks 2 s apart; autoheal looks every 2 s. A
 # check may take 8 s (its Python start on a loaded machine): a tighter timeout made a healthy trainer
 # `unhealthy` while other tests ran beside it, and autoheal restarted it
@@ -115,6 +116,15 @@ def _run(stack: Stack, seen: dict[str, Any]) -> None:
     every_target_up = [*sorted((job, "up") for job in JOBS), ("rft-explorer", "up")]
     wait_for("Prometheus to scrape every service", lambda: sorted(prom.targets()) == sorted(every_target_up),
              120, lambda: f"targets: {prom.targets()}")  # fmt: skip
+    # every explorer stopped: the trainer takes what the buffer holds, then stalls and the alert fires
+    at = time.monotonic()
+    stack.compose("stop", "explorer")
+    since = lambda: f"{round(time.monotonic() - at) + 2}s"  # noqa: E731
+    wait_for("RftTrainingStalled to fire", lambda: prom.fired("RftTrainingStalled", since()), 180,
+             lambda: f"{stack.describe()}\nalerts: {prom._get('alerts')}")  # fmt: skip
+    seen["stalled_alert_after_s"] = round(time.monotonic() - at, 1)
+    stack.compose("start", "explorer")
+
     watched = [c for c in stack.containers() if stack.inspect(c)["Config"]["Labels"].get("rft.autoheal")]
     before = {cid: _started(stack, cid) for cid in watched}
     paused: list[str] = []
@@ -143,15 +153,6 @@ def _run(stack: Stack, seen: dict[str, Any]) -> None:
                  lambda f=fired: f"fired for {sorted(f())}")  # fmt: skip
         seen[f"alert_{alert}"] = sorted(fired())
         assert fired() == JOBS, (alert, fired())
-
-    # every explorer stopped: the trainer takes what the buffer holds, then stalls and the alert fires
-    at = time.monotonic()
-    stack.compose("stop", "explorer")
-    since = lambda: f"{round(time.monotonic() - at) + 2}s"  # noqa: E731
-    wait_for("RftTrainingStalled to fire", lambda: prom.fired("RftTrainingStalled", since()), 180,
-             lambda: f"{stack.describe()}\nalerts: {prom._get('alerts')}")  # fmt: skip
-    seen["stalled_alert_after_s"] = round(time.monotonic() - at, 1)
-    stack.compose("start", "explorer")
 
     wait_for("the trainer to finish", lambda: stack.state("trainer")[0] == "exited", 600, stack.describe)
     status, code, _ = stack.state("trainer")
