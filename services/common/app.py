@@ -74,6 +74,22 @@ def stop_service(code: int = 0) -> None:
         loop.call_soon(signal.raise_signal, signal.SIGTERM)
 
 
+class RunEnd:
+    """The end of an auto-started run (`with RunEnd() as end: ...; end.code = 0`): when the block ends,
+    however (an error on the way out included), the service stops with `end.code`, 1 unless the run set
+    it; not when the block is cancelled (the service is already closing)."""
+
+    def __init__(self) -> None:
+        self.code = 1
+
+    def __enter__(self) -> RunEnd:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if kind is None or not issubclass(kind, asyncio.CancelledError):
+            stop_service(self.code)
+
+
 def load_service_plugins(config: RFTConfig, config_file: str, cli_dirs: Sequence[str] = ()) -> list[str]:
     """Import the run's plug-in folders (`plugin_dirs`, `--plugin-dir`) and put them on `PYTHONPATH`
     for the processes this one starts; returns the folders. Raises `PluginError`."""

@@ -37,7 +37,7 @@ import grpc
 from rft.v1 import common_pb2, synchronizer_pb2
 
 from services.common import liveness
-from services.common.app import stop_service
+from services.common.app import RunEnd, stop_service
 from services.common.buffer_client import BufferClient
 from services.common.config import RFTConfig, resolve
 from services.common.config.gpus import explorer_gpu_count
@@ -225,8 +225,7 @@ async def _trainer_step(client: SyncClient, timeout_s: float) -> int:
 
 
 async def _auto_run(core: ExplorerCore, client: SyncClient | None) -> None:
-    code = 1  # until the run says otherwise: an error on the way out still ends the process failed
-    try:
+    with RunEnd() as end:
         try:
             if core.settings.mode == "bench":
                 found = find_checkpoints(core.settings.job_dir, core.settings.bench_on_latest_checkpoint)
@@ -234,28 +233,22 @@ async def _auto_run(core: ExplorerCore, client: SyncClient | None) -> None:
             else:
                 await core.explore()
             log.info("done", step=core.step)
-            code = 0
+            end.code = 0
         except RunFinished:
             log.info("run finished", step=core.step)
-            code = 0
+            end.code = 0
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            code = core.failed(exc, log, step=core.step)
+            end.code = core.failed(exc, log, step=core.step)
         settle = getattr(core.gate, "settle", None)
         if settle is not None:  # the last load's report goes out before this explorer leaves
             try:
                 await settle()
             except Exception as exc:
                 log.warning("last sync report failed", error=f"{type(exc).__name__}: {exc}")
-        if client is not None and not await client.leave(ok=code == 0):
+        if client is not None and not await client.leave(ok=end.code == 0):
             log.warning("could not report the end to the synchronizer")
-    except asyncio.CancelledError:
-        code = -1  # stopped from outside (the service is closing): nothing to end here
-        raise
-    finally:
-        if code >= 0:
-            stop_service(code)  # whatever happened on the way out, the process ends with the run
 
 
 def make_build(explorer_id: str | None = None, shard: str | None = None):

@@ -33,7 +33,7 @@ import grpc
 from rft.v1 import common_pb2, synchronizer_pb2
 
 from services.common import liveness, progress
-from services.common.app import stop_service
+from services.common.app import RunEnd
 from services.common.buffer_client import BufferClient
 from services.common.config import RFTConfig, resolve
 from services.common.log import get_logger
@@ -227,14 +227,13 @@ async def _explorers_stopped(client: SyncClient) -> bool:
 
 async def _drive(core: TrainerCore, client: SyncClient | None) -> None:
     """`trainer.auto_start`: the whole run, then stop the service with the exit code."""
-    code = 1  # until the run says otherwise: an error on the way out still ends the process failed
-    try:
+    with RunEnd() as end:
         try:
             ended = (lambda: _explorers_stopped(client)) if client is not None else None
             log.info("training", start_step=core.global_step, total_steps=core.settings.total_steps)
             await core.run(timeout_ms=LEASE_WAIT_MS, data_ended=ended)
             path = await core.finish()
-            code = 0
+            end.code = 0
             reason = (
                 "total_steps reached"
                 if core.finished
@@ -250,16 +249,10 @@ async def _drive(core: TrainerCore, client: SyncClient | None) -> None:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            code = 1
+            end.code = 1
             log.exception("trainer failed", step=core.global_step, error=f"{type(exc).__name__}: {exc}")
-        if client is not None and not await client.leave(ok=code == 0):
+        if client is not None and not await client.leave(ok=end.code == 0):
             log.warning("could not report the end of the run to the synchronizer")
-    except asyncio.CancelledError:
-        code = -1  # stopped from outside (the service is closing): nothing to end here
-        raise
-    finally:
-        if code >= 0:
-            stop_service(code)  # whatever happened on the way out, the process ends with the run
 
 
 def run_worker_rank(config: RFTConfig) -> int:
