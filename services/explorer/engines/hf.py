@@ -40,6 +40,7 @@ from services.common.config import InferenceModelConfig
 from services.common.gpu_memory import cap_cuda_memory
 from services.common.modeling import load_model, load_tokenizer, resolve_dtype
 from services.explorer.engines.base import EngineState, GenerationOutput, SamplingParams, per_prompt_params
+from services.explorer.engines.fault_hook import wedge_hook
 from services.explorer.engines.hf_generate import HFGenerator, Row
 from services.weight_sync import load_weights
 
@@ -260,7 +261,8 @@ class HFEngine(EngineState):
             _as_bytes(st).copy_(host)
 
     def _run(self, rows: list[Row]) -> list[GenerationOutput]:
-        with progress.work("generate call"):  # moves with each sampled token (hf_generate)
+        # the unit moves with each sampled token (hf_generate); wedge_hook: a test's fault, off by default
+        with progress.work("generate call"), wedge_hook(self._version):
             return self._run_batch(rows)
 
     def _run_batch(self, rows: list[Row]) -> list[GenerationOutput]:
