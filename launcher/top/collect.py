@@ -73,16 +73,12 @@ class ExplorerView:
 @dataclass
 class BufferView:
     answered: bool = False
-    store: str = ""
-    size: int = 0
-    capacity: int = 0
-    pending_leases: int = 0
-    pending_experiences: int = 0
-    oldest_lease_age_s: float = 0.0
-    accepted: int = 0
-    acked: int = 0
-    dropped_stale: int = 0
-    oldest_version: int | None = None  # the oldest model version of a stored experience
+    stats: buffer_pb2.StatsResponse = field(default_factory=buffer_pb2.StatsResponse)  # its answer
+
+    @property
+    def oldest_version(self) -> int | None:
+        """The oldest model version of a stored experience."""
+        return min((v for v, n in self.stats.per_model_version.items() if n > 0), default=None)
 
 
 @dataclass
@@ -287,14 +283,8 @@ class Collector:
 
     async def _buffer(self, target: Target, view: BufferView) -> None:
         r = await self._ask(target, buffer_pb2_grpc.BufferServiceStub, "Stats", buffer_pb2.StatsRequest())
-        if r is None:
-            return
-        view.answered, view.store, view.size, view.capacity = True, r.store, r.size, r.capacity
-        view.pending_leases, view.pending_experiences = r.pending_leases, r.pending_experiences
-        view.oldest_lease_age_s = r.oldest_lease_age_s
-        view.accepted, view.acked, view.dropped_stale = r.accepted, r.acked, r.dropped_stale
-        held = [v for v, n in r.per_model_version.items() if n > 0]
-        view.oldest_version = min(held) if held else None
+        if r is not None:
+            view.answered, view.stats = True, r
 
     async def _trainer(self, target: Target, view: TrainerView) -> None:
         r = await self._ask(

@@ -32,5 +32,7 @@ async def test_snapshot_of_a_live_buffer_and_a_trainer_without_a_port():
     buffer, trainer = snap.services
     assert buffer.answered and buffer.pid > 0 and not trainer.answered and trainer.error == "no port yet"
     assert snap.buffer is not None and snap.buffer.answered
-    assert (snap.buffer.store, snap.buffer.capacity, snap.buffer.size) == ("memory", 64, 0)
+    stats = snap.buffer.stats
+    assert (stats.store, stats.capacity, stats.size) == ("memory", 64, 0)
+    assert snap.buffer.oldest_version is None  # nothing stored
     assert snap.trainer is not None and not snap.trainer.answered
