@@ -85,6 +85,16 @@ class SyncContext(Connected):
         self._members = 0
         self.joined: list[str] = []
 
+    @property
+    def broadcast(self) -> bool:
+        """The run's method moves weights by a collective broadcast between members (nccl)."""
+        return self.method in BROADCAST_METHODS
+
+    @property
+    def pushed(self) -> bool:
+        """The run's method pushes weights to the synchronizer, members pull them (the memory methods)."""
+        return self.method in PUSHED_METHODS
+
     async def preflight(self) -> None:
         """GetRunState: reachable, authorised, no live member and not finished; else SetupError."""
         try:
@@ -192,9 +202,9 @@ class SyncContext(Connected):
         call's model_version."""
 
         async def publish(version: int, step: int) -> common_pb2.ModelVersion:
-            if self.method in PUSHED_METHODS:
+            if self.pushed:
                 return (await self.push(chunks_of(version, step, safetensors_blob(version), 2))).model_version
-            if self.method in BROADCAST_METHODS:
+            if self.broadcast:
                 return (await self.report(trainer, version, ok=True)).model_version
             path = f"/tmp/cf-{self.tag}/global_step_{step}"
             request = common_pb2.ModelVersion(version=version, step=step, checkpoint_path=path)

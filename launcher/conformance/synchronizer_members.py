@@ -7,11 +7,9 @@ from rft.v1 import common_pb2, synchronizer_pb2
 
 from launcher.conformance.harness import check, expect_error, require
 from launcher.conformance.synchronizer_context import (
-    BROADCAST_METHODS,
     CALL_TIMEOUT_S,
     EXPLORER,
     GONE,
-    PUSHED_METHODS,
     TRAINER,
     SyncContext,
     chunks_of,
@@ -168,7 +166,7 @@ async def roles_and_methods(ctx: SyncContext) -> str:
             ctx.request_sync(explorer, 1), grpc.StatusCode.FAILED_PRECONDITION, "RequestSync of an explorer"
         )
         done = ["RequestSync of an explorer"]
-        if ctx.method not in BROADCAST_METHODS:
+        if not ctx.broadcast:
             request = synchronizer_pb2.SyncGroupRequest(member_id=explorer)
             await expect_error(
                 ctx.stub.GetWeightSyncInfo(request, timeout=CALL_TIMEOUT_S),
@@ -176,7 +174,7 @@ async def roles_and_methods(ctx: SyncContext) -> str:
                 f"GetWeightSyncInfo under sync_method {ctx.method}",
             )
             done.append("GetWeightSyncInfo")
-        if ctx.method not in PUSHED_METHODS:
+        if not ctx.pushed:
             version = (await ctx.state()).model_version.version + 1
             await expect_error(
                 ctx.push(chunks_of(version, 1, safetensors_blob(version), 1)),

@@ -9,10 +9,8 @@ from rft.v1 import common_pb2
 
 from launcher.conformance.harness import check, expect_error, require
 from launcher.conformance.synchronizer_context import (
-    BROADCAST_METHODS,
     CALL_TIMEOUT_S,
     EXPLORER,
-    PUSHED_METHODS,
     TRAINER,
     SyncContext,
     with_members,
@@ -45,7 +43,7 @@ async def versions_monotonic(ctx: SyncContext) -> str:
         )
         _, reply = await ctx.register("ver-late", EXPLORER)
         require(reply.model_version.version == new, "Register does not answer the new version")
-        stale = [old.version] if ctx.method in BROADCAST_METHODS else [new, old.version]
+        stale = [old.version] if ctx.broadcast else [new, old.version]
         for version in stale:
             await expect_error(
                 publish(version, step + 1),
@@ -53,7 +51,7 @@ async def versions_monotonic(ctx: SyncContext) -> str:
                 f"publishing version {version} after {new}",
             )
         require((await ctx.state()).model_version.version == new, "a refused publish changed model_version")
-        if ctx.method not in PUSHED_METHODS + BROADCAST_METHODS:
+        if not (ctx.pushed or ctx.broadcast):
             request = common_pb2.ModelVersion(version=new + 1, step=step + 1)
             err = await expect_error(
                 ctx.stub.NotifyCheckpoint(request, timeout=CALL_TIMEOUT_S),
@@ -82,7 +80,7 @@ async def wait_for_version(ctx: SyncContext) -> str:
         explorer, _ = await ctx.register("wait", EXPLORER)
         trainer, _ = await ctx.register("wait-trainer", TRAINER)
         published = (await ctx.state()).model_version
-        floor = 0 if ctx.method in BROADCAST_METHODS else published.version
+        floor = 0 if ctx.broadcast else published.version
         now = await ctx.wait(explorer, 2000, min_version=floor)
         require(not now.timed_out and not now.finished, f"WaitForVersion({floor}) did not answer at once")
         require(
@@ -92,7 +90,7 @@ async def wait_for_version(ctx: SyncContext) -> str:
         late = await ctx.wait(explorer, 300, min_version=want)
         require(late.timed_out, f"WaitForVersion({want}) with nothing published answered timed_out=False")
         require(late.required_version == want, f"required_version {late.required_version}, want {want}")
-        if ctx.method in BROADCAST_METHODS:
+        if ctx.broadcast:
             return "answers at once when satisfied, times out when not (nccl release: rendezvous check)"
         waiting = asyncio.ensure_future(ctx.wait(explorer, 8000, min_version=want))
         try:

@@ -10,10 +10,8 @@ from rft.v1 import common_pb2, synchronizer_pb2
 
 from launcher.conformance.harness import CheckSkipped, check, expect_error, require
 from launcher.conformance.synchronizer_context import (
-    BROADCAST_METHODS,
     CALL_TIMEOUT_S,
     EXPLORER,
-    PUSHED_METHODS,
     TRAINER,
     SyncContext,
     chunks_of,
@@ -34,7 +32,7 @@ async def push_pull_weights(ctx: SyncContext) -> str:
     0..2, total 3, version P+1. A version not kept is NOT_FOUND. Broken streams are INVALID_ARGUMENT and
     change nothing: an empty one, a missing chunk, one ending before `total`, chunks of two versions,
     more bytes than `total_bytes`. Pushing P+1 again is FAILED_PRECONDITION (not newer)."""
-    if ctx.method not in PUSHED_METHODS:
+    if not ctx.pushed:
         raise CheckSkipped(f"sync_method {ctx.method} pushes no weights through the synchronizer")
     published = (await ctx.state()).model_version
     version, step = published.version + 1, published.step + 1
@@ -95,7 +93,7 @@ async def rendezvous(ctx: SyncContext) -> str:
     ReportSync(ok) publishes P+1 and A's ReportSync(ok) shows A holding P+1. A failed broadcast
     (ReportSync ok=false) publishes nothing and starts a new generation; a RequestSync whose receivers
     are not ready within `timeout_ms` is not accepted, with a reason."""
-    if ctx.method not in BROADCAST_METHODS:
+    if not ctx.broadcast:
         raise CheckSkipped(f"sync_method {ctx.method} has no broadcast group")
 
     async def body() -> str:

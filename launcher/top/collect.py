@@ -73,16 +73,12 @@ class ExplorerView:
 @dataclass
 class BufferView:
     answered: bool = False
-    store: str = ""
-    size: int = 0
-    capacity: int = 0
-    pending_leases: int = 0
-    pending_experiences: int = 0
-    oldest_lease_age_s: float = 0.0
-    accepted: int = 0
-    acked: int = 0
-    dropped_stale: int = 0
-    oldest_version: int | None = None  # the oldest model version of a stored experience
+    stats: buffer_pb2.StatsResponse = field(default_factory=buffer_pb2.StatsResponse)  # its answer
+
+    @property
+    def oldest_version(self) -> int | None:
+        """The oldest model version of a stored experience."""
+        return min((v for v, n in self.stats.per_model_version.items() if n > 0), default=None)
 
 
 @dataclass
@@ -228,15 +224,23 @@ class Collector:
         if self._events_tail is not None:
             self._events.extend(e for e in self._events_tail.read_new() if e.get("kind") in SYNC_EVENTS)
 
-    async def _call(self, target: Target, method: Any, request: Any) -> Any:
+    async def _call(self, target: Target, stub: Any, method: str, request: Any) -> Any:
+        """`stub(channel).method(request)` on the target, within the call deadline."""
         if not target.address:
             raise ConnectionError("no port yet")
-        return await method(self._channel(target.address))(request, timeout=self.timeout_s)
+        return await getattr(stub(self._channel(target.address)), method)(request, timeout=self.timeout_s)
+
+    async def _ask(self, target: Target, stub: Any, method: str, request: Any) -> Any:
+        """As `_call`, or None when the target did not answer (its `ServiceView` says why)."""
+        try:
+            return await self._call(target, stub, method, request)
+        except ERRORS:
+            return None
 
     async def _progress(self, target: Target, view: ServiceView) -> None:
         try:
             reply = await self._call(
-                target, lambda ch: liveness_pb2_grpc.LivenessStub(ch).Progress, liveness_pb2.ProgressRequest()
+                target, liveness_pb2_grpc.LivenessStub, "Progress", liveness_pb2.ProgressRequest()
             )
         except ERRORS as exc:
             view.error = "no port yet" if not target.address else _why(exc)
@@ -250,12 +254,10 @@ class Collector:
         )
 
     async def _explorer(self, target: Target, view: ExplorerView) -> None:
-        try:
-            reply = await self._call(
-                target, lambda ch: explorer_pb2_grpc.ExplorerServiceStub(ch).Status,
-                explorer_pb2.ExplorerStatusRequest(),
-            )  # fmt: skip
-        except ERRORS:
+        reply = await self._ask(
+            target, explorer_pb2_grpc.ExplorerServiceStub, "Status", explorer_pb2.ExplorerStatusRequest()
+        )
+        if reply is None:
             return
         metrics = dict(reply.last_metrics)
         view.answered, view.status, view.step = True, _status(reply.status), reply.step
@@ -280,25 +282,15 @@ class Collector:
             self._rewards.append(float(view.reward))
 
     async def _buffer(self, target: Target, view: BufferView) -> None:
-        try:
-            r = await self._call(
-                target, lambda ch: buffer_pb2_grpc.BufferServiceStub(ch).Stats, buffer_pb2.StatsRequest()
-            )
-        except ERRORS:
-            return
-        view.answered, view.store, view.size, view.capacity = True, r.store, r.size, r.capacity
-        view.pending_leases, view.pending_experiences = r.pending_leases, r.pending_experiences
-        view.oldest_lease_age_s = r.oldest_lease_age_s
-        view.accepted, view.acked, view.dropped_stale = r.accepted, r.acked, r.dropped_stale
-        held = [v for v, n in r.per_model_version.items() if n > 0]
-        view.oldest_version = min(held) if held else None
+        r = await self._ask(target, buffer_pb2_grpc.BufferServiceStub, "Stats", buffer_pb2.StatsRequest())
+        if r is not None:
+            view.answered, view.stats = True, r
 
     async def _trainer(self, target: Target, view: TrainerView) -> None:
-        try:
-            r = await self._call(
-                target, lambda ch: trainer_pb2_grpc.TrainerServiceStub(ch).Status, trainer_pb2.StatusRequest()
-            )
-        except ERRORS:
+        r = await self._ask(
+            target, trainer_pb2_grpc.TrainerServiceStub, "Status", trainer_pb2.StatusRequest()
+        )
+        if r is None:
             return
         view.answered, view.status, view.step, view.total_steps = (
             True,
@@ -321,12 +313,13 @@ class Collector:
             view.step = int(metrics["step"])
 
     async def _sync(self, target: Target, view: SyncView) -> None:
-        try:
-            r = await self._call(
-                target, lambda ch: synchronizer_pb2_grpc.SynchronizerServiceStub(ch).GetRunState,
-                synchronizer_pb2.GetRunStateRequest(),
-            )  # fmt: skip
-        except ERRORS:
+        r = await self._ask(
+            target,
+            synchronizer_pb2_grpc.SynchronizerServiceStub,
+            "GetRunState",
+            synchronizer_pb2.GetRunStateRequest(),
+        )
+        if r is None:
             return
         view.answered, view.version, view.method = True, r.model_version.version, r.sync_method
         view.in_progress, view.finished = r.sync_in_progress, r.finished

@@ -81,12 +81,13 @@ def _pipeline(snap: Snapshot) -> Table:
     b, t, s = snap.buffer, snap.trainer, snap.sync
     if b is not None:
         table.add_column("buffer")
+        st = b.stats
         cells.append([NO_ANSWER] if not b.answered else [
-            f"depth {b.size}" + (f"/{b.capacity}" if b.capacity else "") + f" ({b.store})",
-            f"leases {b.pending_leases} ({b.pending_experiences} exp)"
-            + (f", oldest {b.oldest_lease_age_s:.1f} s" if b.pending_leases else ""),
-            f"accepted {b.accepted}  acked {b.acked}",
-            f"dropped stale {b.dropped_stale}",
+            f"depth {st.size}" + (f"/{st.capacity}" if st.capacity else "") + f" ({st.store})",
+            f"leases {st.pending_leases} ({st.pending_experiences} exp)"
+            + (f", oldest {st.oldest_lease_age_s:.1f} s" if st.pending_leases else ""),
+            f"accepted {st.accepted}  acked {st.acked}",
+            f"dropped stale {st.dropped_stale}",
             f"oldest version stored {_num(b.oldest_version, 'd')}",
         ])  # fmt: skip
     if t is not None:

@@ -1,20 +1,19 @@
 """Prometheus view of the buffer: on each scrape it asks the core for the same `Stats` the RPC returns,
 so `/metrics` and `Stats` never disagree (and counters kept in Redis survive a service restart).
 
-The scrape runs in prometheus_client's HTTP thread; the collector hands the query to the service's event
-loop and waits for it with a deadline.
+The scrape runs in prometheus_client's HTTP thread; the collector (a `LoopCollector`) hands the query to
+the service's event loop and waits for it with a deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
 
 from services.buffer.core import BufferCore
 from services.buffer.records import StoreStats
+from services.common.loop_collector import LoopCollector
 
 
 def metric_families(stats_by_group: dict[str, StoreStats]) -> list:
@@ -39,7 +38,19 @@ def metric_families(stats_by_group: dict[str, StoreStats]) -> list:
         "rft_buffer_redelivered", "Experiences redelivered", labels=group_labels
     )
     acked = CounterMetricFamily("rft_buffer_acked", "Experiences acked", labels=group_labels)
-    families = [size, capacity, accepted, rejected, versions, leases, pending, oldest, dropped, redelivered, acked]
+    families = [
+        size,
+        capacity,
+        accepted,
+        rejected,
+        versions,
+        leases,
+        pending,
+        oldest,
+        dropped,
+        redelivered,
+        acked,
+    ]
     if not stats_by_group:
         return families
     any_stats = next(iter(stats_by_group.values()))
@@ -61,22 +72,15 @@ def metric_families(stats_by_group: dict[str, StoreStats]) -> list:
     return families
 
 
-class BufferCollector(Collector):
+class BufferCollector(LoopCollector):
     """Register with `prometheus_client.REGISTRY.register(BufferCollector(core, loop))`."""
 
     def __init__(self, core: BufferCore, loop: asyncio.AbstractEventLoop, timeout_s: float = 5.0):
+        super().__init__(loop, timeout_s)
         self.core = core
-        self.loop = loop
-        self.timeout_s = timeout_s
 
-    async def _gather(self) -> dict[str, StoreStats]:
+    async def read(self) -> dict[str, StoreStats]:
         return {group: await self.core.stats(group) for group in sorted(self.core.consumer_groups)}
 
-    def collect(self) -> Iterator:
-        if self.loop.is_closed():
-            return iter(())
-        future = asyncio.run_coroutine_threadsafe(self._gather(), self.loop)
-        return iter(metric_families(future.result(self.timeout_s)))
-
-    def describe(self) -> Iterator:
-        return iter(metric_families({}))
+    def families(self, state: dict[str, StoreStats] | None) -> list:
+        return metric_families(state or {})

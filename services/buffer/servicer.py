@@ -16,6 +16,7 @@ serialized again, and GetBatch answers with response bytes assembled from the st
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import asdict
 from typing import Any
 
 import grpc
@@ -163,20 +164,7 @@ class BufferServicer(buffer_pb2_grpc.BufferServiceServicer):
         self, request: buffer_pb2.StatsRequest, context: grpc.aio.ServicerContext
     ) -> buffer_pb2.StatsResponse:
         s = await _guard(context, lambda: self.core.stats(request.consumer_group))
-        return buffer_pb2.StatsResponse(
-            size=s.size,
-            capacity=s.capacity,
-            pending_leases=s.pending_leases,
-            pending_experiences=s.pending_experiences,
-            accepted=s.accepted,
-            rejected=s.rejected,
-            dropped_stale=s.dropped_stale,
-            redelivered=s.redelivered,
-            acked=s.acked,
-            per_model_version=s.per_model_version,
-            store=s.store,
-            oldest_lease_age_s=s.oldest_lease_age_s,
-        )
+        return buffer_pb2.StatsResponse(**asdict(s))  # StoreStats is StatsResponse, field for field
 
 
 def _parse_sequenced(data: bytes) -> tuple[buffer_pb2.SequencedBatch, list[bytes] | None]:

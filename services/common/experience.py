@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 from rft.v1 import experience_pb2
@@ -65,16 +65,10 @@ class Experience:
 
     def __post_init__(self) -> None:
         self.tokens = torch.as_tensor(self.tokens, dtype=torch.int64)
-        for name in _FLOAT_FIELDS:
+        for name, dtype in _ARRAYS.items():
             value = getattr(self, name)
             if value is not None:
-                setattr(self, name, torch.as_tensor(value, dtype=torch.float32))
-        if self.action_mask is not None:
-            self.action_mask = torch.as_tensor(self.action_mask, dtype=torch.bool)
-        if self.rejected_tokens is not None:
-            self.rejected_tokens = torch.as_tensor(self.rejected_tokens, dtype=torch.int64)
-        if self.token_model_versions is not None:
-            self.token_model_versions = torch.as_tensor(self.token_model_versions, dtype=torch.int64)
+                setattr(self, name, torch.as_tensor(value, dtype=dtype))
 
     @property
     def response_length(self) -> int:
@@ -99,7 +93,31 @@ class Experience:
         return torch.full((self.response_length,), self.model_version, dtype=torch.int64)
 
 
-_FLOAT_FIELDS = ("logprobs", "token_level_rewards", "advantages", "returns", "teacher_logprobs")
+# How each field crosses the proto (besides `tokens`, always there, and `eid`, field by field):
+# as it is; a map (a dict on the way back); an `optional` float (unset: None); an array with its tensor
+# dtype (empty: None). `test_experience_codec` checks that these cover every field.
+_ID_FIELDS = tuple(f.name for f in fields(ExperienceId))
+_PLAIN = (
+    "prompt_length",
+    "truncated",
+    "model_version",
+    "prompt_text",
+    "response_text",
+    "use_count",
+    "rejected_prompt_length",
+)
+_MAPS = ("metrics", "info")
+_OPTIONAL_FLOATS = ("reward", "reward_baseline")
+_ARRAYS = {
+    "logprobs": torch.float32,
+    "action_mask": torch.bool,
+    "token_level_rewards": torch.float32,
+    "advantages": torch.float32,
+    "returns": torch.float32,
+    "teacher_logprobs": torch.float32,
+    "rejected_tokens": torch.int64,  # int32 in the proto, checked on the way there
+    "token_model_versions": torch.int64,
+}
 
 
 class ExperienceCodecError(ValueError):
@@ -116,84 +134,36 @@ def _int32_list(tensor: torch.Tensor, name: str) -> list[int]:
 def to_proto(exp: Experience) -> experience_pb2.Experience:
     """Encode one Experience exactly (floats are float32 on both sides)."""
     msg = experience_pb2.Experience(
-        eid=experience_pb2.ExperienceId(
-            batch_id=exp.eid.batch_id,
-            task_id=exp.eid.task_id,
-            run_id=exp.eid.run_id,
-            step=exp.eid.step,
-            suffix=exp.eid.suffix,
-            group_id=exp.eid.group_id,
-            explorer_id=exp.eid.explorer_id,
-        ),
+        eid=experience_pb2.ExperienceId(**{name: getattr(exp.eid, name) for name in _ID_FIELDS}),
         tokens=_int32_list(exp.tokens, "tokens"),
-        prompt_length=exp.prompt_length,
-        truncated=exp.truncated,
-        model_version=exp.model_version,
-        metrics=exp.metrics,
-        info=exp.info,
-        prompt_text=exp.prompt_text,
-        response_text=exp.response_text,
-        use_count=exp.use_count,
-        rejected_prompt_length=exp.rejected_prompt_length,
+        **{name: getattr(exp, name) for name in (*_PLAIN, *_MAPS)},
     )
-    if exp.reward is not None:
-        msg.reward = exp.reward
-    if exp.reward_baseline is not None:
-        msg.reward_baseline = exp.reward_baseline
-    for name in _FLOAT_FIELDS:
+    for name in _OPTIONAL_FLOATS:
         value = getattr(exp, name)
         if value is not None:
-            getattr(msg, name).extend(value.tolist())
-    if exp.action_mask is not None:
-        msg.action_mask.extend(exp.action_mask.tolist())
-    if exp.rejected_tokens is not None:
-        msg.rejected_tokens.extend(_int32_list(exp.rejected_tokens, "rejected_tokens"))
-    if exp.token_model_versions is not None:
-        msg.token_model_versions.extend(exp.token_model_versions.tolist())
+            setattr(msg, name, value)
+    for name in _ARRAYS:
+        value = getattr(exp, name)
+        if value is not None:
+            getattr(msg, name).extend(
+                _int32_list(value, name) if name == "rejected_tokens" else value.tolist()
+            )
     return msg
 
 
-def _float_tensor(values: Sequence[float]) -> torch.Tensor | None:
-    return torch.tensor(list(values), dtype=torch.float32) if len(values) else None
+def _tensor(values: Sequence[float | int | bool], dtype: torch.dtype) -> torch.Tensor | None:
+    return torch.tensor(list(values), dtype=dtype) if len(values) else None
 
 
 def from_proto(msg: experience_pb2.Experience) -> Experience:
     """Decode one Experience; empty optional arrays become None."""
-    eid = msg.eid
     return Experience(
         tokens=torch.tensor(list(msg.tokens), dtype=torch.int64),
-        prompt_length=msg.prompt_length,
-        eid=ExperienceId(
-            batch_id=eid.batch_id,
-            task_id=eid.task_id,
-            run_id=eid.run_id,
-            step=eid.step,
-            suffix=eid.suffix,
-            group_id=eid.group_id,
-            explorer_id=eid.explorer_id,
-        ),
-        logprobs=_float_tensor(msg.logprobs),
-        action_mask=torch.tensor(list(msg.action_mask), dtype=torch.bool) if len(msg.action_mask) else None,
-        reward=msg.reward if msg.HasField("reward") else None,
-        token_level_rewards=_float_tensor(msg.token_level_rewards),
-        truncated=msg.truncated,
-        model_version=msg.model_version,
-        metrics=dict(msg.metrics),
-        info=dict(msg.info),
-        prompt_text=msg.prompt_text,
-        response_text=msg.response_text,
-        advantages=_float_tensor(msg.advantages),
-        returns=_float_tensor(msg.returns),
-        teacher_logprobs=_float_tensor(msg.teacher_logprobs),
-        use_count=msg.use_count,
-        rejected_tokens=torch.tensor(list(msg.rejected_tokens), dtype=torch.int64)
-        if len(msg.rejected_tokens)
-        else None,
-        rejected_prompt_length=msg.rejected_prompt_length,
-        reward_baseline=msg.reward_baseline if msg.HasField("reward_baseline") else None,
-        token_model_versions=torch.tensor(list(msg.token_model_versions), dtype=torch.int64)
-        if len(msg.token_model_versions)
-        else None,
+        eid=ExperienceId(**{name: getattr(msg.eid, name) for name in _ID_FIELDS}),
+        **{name: getattr(msg, name) for name in _PLAIN},
+        **{name: dict(getattr(msg, name)) for name in _MAPS},
+        **{name: getattr(msg, name) if msg.HasField(name) else None for name in _OPTIONAL_FLOATS},
+        **{name: _tensor(getattr(msg, name), dtype) for name, dtype in _ARRAYS.items()},
     )
 
 

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
 
+from services.common.loop_collector import LoopCollector
 from services.synchronizer.core import SynchronizerCore
 from services.synchronizer.members import Event
 from services.synchronizer.records import RunState
@@ -44,26 +43,19 @@ def metric_families(state: RunState | None, events: Counter[str]) -> list:
     return families
 
 
-class SynchronizerCollector(Collector):
+class SynchronizerCollector(LoopCollector):
     """Register with `REGISTRY.register(...)`; pass `count` to the core's `on_event` chain."""
 
     def __init__(self, core: SynchronizerCore, loop: asyncio.AbstractEventLoop, timeout_s: float = 5.0):
+        super().__init__(loop, timeout_s)
         self.core = core
-        self.loop = loop
-        self.timeout_s = timeout_s
         self.events: Counter[str] = Counter()
 
     def count(self, event: Event) -> None:
         self.events[event.kind + ("_failed" if event.detail.startswith("failed") else "")] += 1
 
-    async def _state(self) -> RunState:
+    async def read(self) -> RunState:
         return self.core.run_state()
 
-    def collect(self) -> Iterator:
-        if self.loop.is_closed():
-            return iter(())
-        state = asyncio.run_coroutine_threadsafe(self._state(), self.loop).result(self.timeout_s)
-        return iter(metric_families(state, Counter(self.events)))
-
-    def describe(self) -> Iterator:
-        return iter(metric_families(None, Counter()))
+    def families(self, state: RunState | None) -> list:
+        return metric_families(state, Counter(self.events))

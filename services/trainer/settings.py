@@ -247,14 +247,7 @@ class TrainerSettings:
             ref_param_offload=bool(extra.get("actor_rollout_ref.ref.fsdp_config.param_offload", False)),
             buffer_capacity=config.buffer.trainer_input.experience_buffer.capacity,
             max_response_tokens=(res.response_limit(tasksets[0]) if tasksets else res.max_response_tokens),
-            rollout_correction=RolloutISConfig(
-                rollout_is=alg.rollout_is,
-                rollout_is_threshold=alg.rollout_is_threshold,
-                rollout_is_threshold_lower=alg.rollout_is_threshold_lower,
-                rollout_is_level=alg.rollout_is_level,
-                rollout_is_mode=alg.rollout_is_mode,
-                rollout_is_veto_threshold=alg.rollout_is_veto_threshold,
-            ),
+            rollout_correction=RolloutISConfig.from_section(alg),  # veRL's algorithm.rollout_is* keys
             lora=LoraSettings.from_config(config.model.lora_configs[0])
             if config.model.lora_configs
             else None,

@@ -11,7 +11,7 @@ from typing import Any
 
 import grpc
 
-from services.common.rpc.intercept import HandlerInterceptor
+from services.common.rpc.intercept import HandlerInterceptor, metadata_interceptors
 
 OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
 AUTH_HEADER = "authorization"
@@ -57,50 +57,6 @@ class BearerTokenServerInterceptor(HandlerInterceptor):
         return _rejecting_handler(handler, "missing or wrong bearer token in 'authorization' metadata")
 
 
-def _with_token(client_call_details: grpc.aio.ClientCallDetails, token: str) -> grpc.aio.ClientCallDetails:
-    metadata = list(client_call_details.metadata or ())
-    metadata.append((AUTH_HEADER, f"Bearer {token}"))
-    return grpc.aio.ClientCallDetails(
-        method=client_call_details.method,
-        timeout=client_call_details.timeout,
-        metadata=grpc.aio.Metadata(*metadata),
-        credentials=client_call_details.credentials,
-        wait_for_ready=client_call_details.wait_for_ready,
-    )
-
-
-class _TokenMixin:
-    def __init__(self, token: str):
-        self._token = token
-
-    async def _call(self, continuation: Any, details: grpc.aio.ClientCallDetails, request: Any) -> Any:
-        return await continuation(_with_token(details, self._token), request)
-
-
-class TokenUnaryUnary(_TokenMixin, grpc.aio.UnaryUnaryClientInterceptor):
-    async def intercept_unary_unary(self, continuation, client_call_details, request):  # type: ignore[override]
-        return await self._call(continuation, client_call_details, request)
-
-
-class TokenUnaryStream(_TokenMixin, grpc.aio.UnaryStreamClientInterceptor):
-    async def intercept_unary_stream(self, continuation, client_call_details, request):  # type: ignore[override]
-        return await self._call(continuation, client_call_details, request)
-
-
-class TokenStreamUnary(_TokenMixin, grpc.aio.StreamUnaryClientInterceptor):
-    async def intercept_stream_unary(self, continuation, client_call_details, request_iterator):  # type: ignore[override]
-        return await self._call(continuation, client_call_details, request_iterator)
-
-
-class TokenStreamStream(_TokenMixin, grpc.aio.StreamStreamClientInterceptor):
-    async def intercept_stream_stream(self, continuation, client_call_details, request_iterator):  # type: ignore[override]
-        return await self._call(continuation, client_call_details, request_iterator)
-
-
 def client_token_interceptors(token: str) -> list[grpc.aio.ClientInterceptor]:
-    return [
-        TokenUnaryUnary(token),
-        TokenUnaryStream(token),
-        TokenStreamUnary(token),
-        TokenStreamStream(token),
-    ]
+    header = ((AUTH_HEADER, f"Bearer {token}"),)
+    return metadata_interceptors(lambda: header)

@@ -7,29 +7,22 @@ top of the API's `propagate`, and no wrapping of grpc's own classes."""
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from typing import Any
 
 import grpc
 
 from services.common import tracing
-from services.common.rpc.intercept import HandlerInterceptor
+from services.common.rpc.intercept import HandlerInterceptor, MetadataUnaryUnary, metadata_interceptors
 
 
-def _details_with(details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
-    """`details` with the current context injected into its metadata."""
+def _context_headers() -> Iterable[tuple[str, str]]:
+    """The current trace context as metadata (`traceparent`, and `tracestate` when there is one)."""
     from opentelemetry import propagate
 
     carrier: dict[str, str] = {}
     propagate.inject(carrier)
-    metadata = [*(details.metadata or ()), *carrier.items()]
-    return grpc.aio.ClientCallDetails(
-        method=details.method,
-        timeout=details.timeout,
-        metadata=grpc.aio.Metadata(*metadata),
-        credentials=details.credentials,
-        wait_for_ready=details.wait_for_ready,
-    )
+    return carrier.items()
 
 
 def _method(details: Any) -> str:
@@ -37,7 +30,9 @@ def _method(details: Any) -> str:
     return (method.decode() if isinstance(method, bytes) else method).lstrip("/")
 
 
-class TraceUnaryUnary(grpc.aio.UnaryUnaryClientInterceptor):
+class TraceUnaryUnary(MetadataUnaryUnary):
+    """Carries the context, under a CLIENT span of the call's own (a stream carries the caller's)."""
+
     async def intercept_unary_unary(self, continuation, client_call_details, request):  # type: ignore[override]
         t = tracing.tracer()
         if t is None:
@@ -45,30 +40,15 @@ class TraceUnaryUnary(grpc.aio.UnaryUnaryClientInterceptor):
         from opentelemetry.trace import SpanKind
 
         with t.start_as_current_span(_method(client_call_details), kind=SpanKind.CLIENT):
-            call = await continuation(_details_with(client_call_details), request)
+            call = await super().intercept_unary_unary(continuation, client_call_details, request)
             return await call
-
-
-class TraceUnaryStream(grpc.aio.UnaryStreamClientInterceptor):
-    async def intercept_unary_stream(self, continuation, client_call_details, request):  # type: ignore[override]
-        return await continuation(_details_with(client_call_details), request)
-
-
-class TraceStreamUnary(grpc.aio.StreamUnaryClientInterceptor):
-    async def intercept_stream_unary(self, continuation, client_call_details, request_iterator):  # type: ignore[override]
-        return await continuation(_details_with(client_call_details), request_iterator)
-
-
-class TraceStreamStream(grpc.aio.StreamStreamClientInterceptor):
-    async def intercept_stream_stream(self, continuation, client_call_details, request_iterator):  # type: ignore[override]
-        return await continuation(_details_with(client_call_details), request_iterator)
 
 
 def client_trace_interceptors() -> list[Any]:
     """The interceptors a channel gets while tracing is on; none when off."""
     if not tracing.enabled():
         return []
-    return [TraceUnaryUnary(), TraceUnaryStream(), TraceStreamUnary(), TraceStreamStream()]
+    return metadata_interceptors(_context_headers, unary_unary=TraceUnaryUnary)
 
 
 _KINDS = {

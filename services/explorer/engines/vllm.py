@@ -49,6 +49,7 @@ import torch
 
 from services.common import progress
 from services.common.config import InferenceModelConfig
+from services.common.extras import import_extra
 from services.common.modeling import load_tokenizer
 from services.explorer.engines.base import EngineState, GenerationOutput, SamplingParams, per_prompt_params
 from services.explorer.engines.weights_shm import (
@@ -64,14 +65,6 @@ MISSING = (
     "(`bash scripts/setup.sh --engine vllm`: .venv-vllm, the CUDA wheel on a GPU machine, vLLM's CPU "
     "build elsewhere) and run from it, or use engine_type: hf"
 )
-
-
-def _import_vllm() -> Any:
-    try:
-        import vllm
-    except ImportError as exc:
-        raise RuntimeError(f"{MISSING} ({exc})") from exc
-    return vllm
 
 
 def engine_gpus(device: str | None, tp: int) -> list[int] | None:
@@ -210,7 +203,7 @@ class VLLMEngine(EngineState):
     ) -> VLLMEngine:
         """Engine `index` (its seed is `seed + index`) on the `tensor_parallel_size` GPUs from
         `device` (the explorer's placement), or on every visible GPU when `device` is None."""
-        vllm = _import_vllm()
+        vllm = import_extra("vllm", MISSING, RuntimeError)
         from vllm.v1.engine.async_llm import AsyncLLM
 
         on_cpu = not torch.cuda.is_available()  # vLLM's CPU build (its torch is the CPU build)
@@ -250,7 +243,7 @@ class VLLMEngine(EngineState):
 
     @staticmethod
     def sampling_params(p: SamplingParams) -> Any:
-        vllm = _import_vllm()
+        vllm = import_extra("vllm", MISSING, RuntimeError)
         from vllm.sampling_params import RequestOutputKind
 
         return vllm.SamplingParams(

@@ -26,6 +26,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from services.common.extras import import_extra
 from services.explorer.tasks import Task
 from services.explorer.workflows.base import WORKFLOWS
 from services.explorer.workflows.multi_turn import ENVIRONMENTS, MultiTurnWorkflow
@@ -35,14 +36,6 @@ MISSING = (
     "`openenv` extra (`uv pip install -e '.[openenv]' -c requirements/constraints.txt`, the package "
     "`openenv-core`)"
 )
-
-
-def _client_class() -> Any:
-    try:
-        from openenv.core import GenericEnvClient
-    except ImportError as exc:
-        raise ImportError(f"{MISSING}: {exc}") from exc
-    return GenericEnvClient
 
 
 def observation_text(observation: Any, key: str | None = None) -> str:
@@ -76,7 +69,7 @@ class OpenEnvEnvironment:
         action_args: Mapping[str, Any] | None = None,
         timeout_s: float = 60.0,
     ):
-        self.client = _client_class()(
+        self.client = import_extra("openenv.core", MISSING).GenericEnvClient(
             base_url=base_url,
             connect_timeout_s=min(10.0, float(timeout_s)),
             message_timeout_s=float(timeout_s),

@@ -30,6 +30,7 @@ import random
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from services.common.extras import import_extra
 from services.explorer.tasks import Task
 from services.explorer.workflows.base import WORKFLOWS
 from services.explorer.workflows.multi_turn import ENVIRONMENTS, MultiTurnWorkflow
@@ -40,14 +41,6 @@ MISSING = (
 )
 
 T = TypeVar("T")
-
-
-def _textarena() -> Any:
-    try:
-        import textarena
-    except ImportError as exc:
-        raise ImportError(f"{MISSING}: {exc}") from exc
-    return textarena
 
 
 @ENVIRONMENTS.register("textarena")
@@ -63,7 +56,7 @@ class TextArenaEnvironment:
         seed: int | None = None,
         invalid_move_reward: float = 0.0,
     ):
-        self.ta = _textarena()
+        self.ta = import_extra("textarena", MISSING)
         from textarena.envs.registration import ENV_REGISTRY
 
         if game not in ENV_REGISTRY:

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from services.common.experience import Experience
+from services.common.extras import import_extra
 from services.common.registry import import_object
 from services.explorer.workflows.base import WORKFLOWS, WorkflowBase
 
@@ -46,18 +47,10 @@ MISSING = (
 _ENVIRONMENTS: dict[str, Any] = {}  # (environment, env_args) -> the built environment, once per process
 
 
-def _verifiers() -> Any:
-    try:
-        import verifiers.legacy as vf
-    except ImportError as exc:
-        raise ImportError(f"{MISSING}: {exc}") from exc
-    return vf
-
-
 def load_environment(spec: Any, env_args: dict[str, Any] | None = None) -> Any:
     """The verifiers environment named by `spec` (`module:function`, an installed id, or a function
     returning one), built once per process for each spec and arguments."""
-    vf = _verifiers()
+    vf = import_extra("verifiers.legacy", MISSING)
     name = (
         spec
         if isinstance(spec, str)
@@ -89,7 +82,7 @@ def _message(m: Any) -> dict[str, str]:
 
 def policy_client(model: Any, sampling: Any) -> Any:
     """A verifiers `Client` whose answers are sampled by `model` (a ModelWrapper) with `sampling`."""
-    _verifiers()
+    import_extra("verifiers.legacy", MISSING)
     from verifiers.legacy.clients.client import Client
     from verifiers.legacy.types import Response, ResponseMessage, ResponseTokens
 

@@ -49,6 +49,11 @@ class FrozenParams:
         return cls(**kwargs)
 
     @classmethod
+    def from_section(cls: type[P], section: Any) -> P:
+        """Build from a config section that holds every field under the same name (an attribute each)."""
+        return cls(**{f.name: getattr(section, f.name) for f in dataclasses.fields(cls) if f.init})
+
+    @classmethod
     def coerce(cls: type[P], value: P | Mapping[str, Any] | None) -> P:
         """Accept an instance, a mapping (via ``from_dict``) or ``None`` (all defaults)."""
         if isinstance(value, cls):

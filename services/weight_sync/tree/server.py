@@ -215,7 +215,7 @@ class PeerSources:
 class RelayNode:
     """One member's relay: its store, the registration to serve it, and `fetch` along a chain.
 
-    node = RelayNode(sync_channel, member_id="explorer-3")           # peers through `peer_channel`
+    node = RelayNode(PeerSources(sync_channel, member_id="explorer-3"))  # peers through `peer_channel`
     handle = await start_server([node.registration()], port=0)   # or beside the member's service
     stream = await node.fetch(version, plan["explorer-3"], have)  # (parent, ..., ROOT); a delta from have
     mv, base, data = join_raw_chunks(stream.chunks)              # base: None, or data is a delta
@@ -226,24 +226,15 @@ class RelayNode:
     asking for a delta from what `held()` says this member holds then (None: in full).
     """
 
-    def __init__(
-        self,
-        synchronizer: grpc.aio.Channel,
-        connect: Callable[[str], grpc.aio.Channel] = peer_channel,
-        member_id: str = "",
-        *,
-        stall_s: float = 10.0,
-        wait_s: float = 30.0,
-        timeout_s: float = 3600.0,
-    ):
+    def __init__(self, peers: PeerSources, *, stall_s: float = 10.0, wait_s: float = 30.0):
         self.store = RelayStore()
-        self.peers = PeerSources(synchronizer, connect, member_id, timeout_s)
+        self.peers = peers
         self.stall_s, self.wait_s = stall_s, wait_s
         self.chain: tuple[str, ...] | None = None  # the chain of the last fetch
         self.held: Callable[[], int | None] = lambda: None  # the version a delta may be from
         self._through: set[asyncio.Task] = set()
         # version notices for the children (notices.py): upstream along the last fetch's chain
-        self.notices = Notices(member_id, self.peers.channel, lambda: self.chain or (ROOT,))
+        self.notices = Notices(peers.member_id, peers.channel, lambda: self.chain or (ROOT,))
 
     def registration(self) -> tuple:
         return registration(self.store, self.wait_s, self._pull_through, self.notices)
@@ -313,6 +304,7 @@ async def serve_relay(
         return peer_channel(address, auth_token=auth_token, tls=tls, timeout_s=timeout_s)
 
     wait = stall_s if wait_s is None else wait_s
-    node = RelayNode(synchronizer, connect, member_id, stall_s=stall_s, wait_s=wait, timeout_s=sync_timeout_s)
+    peers = PeerSources(synchronizer, connect, member_id, sync_timeout_s)
+    node = RelayNode(peers, stall_s=stall_s, wait_s=wait)
     handle = await start_server([node.registration()], host=host, port=0, auth_token=auth_token, tls=tls)
     return ServedRelay(node, handle, f"{advertise_host or host}:{handle.port}")

@@ -89,30 +89,25 @@ class GroupInfo:
 
     def to_proto(self) -> common_pb2.WeightSyncGroupInfo:
         return common_pb2.WeightSyncGroupInfo(
-            master_address=self.master_address,
-            master_port=self.master_port,
-            world_size=self.world_size,
-            group_name=self.group_name,
-            backend=self.backend,
+            **{name: getattr(self, name) for name in (*_AS_THEY_ARE, *_ZERO_IS_DEFAULT)},
             timeout_s=max(1, round(self.timeout_s)),
             tensors=specs_to_proto(self.specs),
-            bucket_bytes=self.bucket_bytes,
-            generation=self.generation,
         )
 
     @classmethod
     def from_proto(cls, msg: common_pb2.WeightSyncGroupInfo) -> GroupInfo:
         return cls(
-            master_address=msg.master_address,
-            master_port=msg.master_port,
-            world_size=msg.world_size,
-            specs=tuple(specs_from_proto(msg.tensors)),
-            generation=msg.generation,
-            backend=msg.backend or "auto",
+            **{name: getattr(msg, name) for name in _AS_THEY_ARE},
+            **{name: value for name in _ZERO_IS_DEFAULT if (value := getattr(msg, name))},
             timeout_s=float(msg.timeout_s or 3600),
-            bucket_bytes=msg.bucket_bytes or DEFAULT_BUCKET_BYTES,
-            group_name=msg.group_name or DEFAULT_GROUP_NAME,
+            specs=tuple(specs_from_proto(msg.tensors)),
         )
+
+
+# How `WeightSyncGroupInfo` carries the fields: as they are, or as they are with proto3's zero (a field left
+# unset) taking the default above; `timeout_s` in whole seconds (0: the default) and `specs` as `tensors`.
+_AS_THEY_ARE = ("master_address", "master_port", "world_size", "generation")
+_ZERO_IS_DEFAULT = ("backend", "bucket_bytes", "group_name")
 
 
 def resolve_backend(backend: str, device: torch.device) -> str:

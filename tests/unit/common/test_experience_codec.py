@@ -111,3 +111,15 @@ def test_equality_detects_single_bit_difference():
     a = Experience(tokens=[1, 2], prompt_length=1, logprobs=[0.5])
     b = Experience(tokens=[1, 2], prompt_length=1, logprobs=[0.5000001])
     assert not experiences_equal(a, b)
+
+
+def test_codec_tables_cover_every_field():
+    """A field added to Experience or ExperienceId crosses the proto only if the codec's tables name it."""
+    from dataclasses import fields
+
+    from services.common import experience as codec
+
+    named = {"tokens", "eid", *codec._PLAIN, *codec._MAPS, *codec._OPTIONAL_FLOATS, *codec._ARRAYS}
+    assert sorted(named) == sorted(f.name for f in fields(Experience))
+    assert set(codec._ID_FIELDS) == set(experience_pb2.ExperienceId.DESCRIPTOR.fields_by_name)
+    assert named == set(experience_pb2.Experience.DESCRIPTOR.fields_by_name)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from rft.v1 import buffer_pb2
 from rich.console import Console
 
 from launcher.top.collect import (
@@ -102,8 +103,13 @@ def test_render_shows_every_part_and_a_service_that_did_not_answer():
     assert "publish" in text and "/ckpt/global_step_4" in text  # the last syncs
     assert f"reward {sparkline(snap.rewards)}  last 0.8" in text
     assert text.split("pipeline")[1].splitlines()[4].startswith("│ no answer │ step 7/30")  # the buffer
-    held = BufferView(True, "redis", size=40, pending_leases=2, pending_experiences=16, oldest_lease_age_s=3.5)
-    assert "leases 2 (16 exp), oldest 3.5 s" in _text(dataclasses.replace(snap, buffer=held))
+    stats = buffer_pb2.StatsResponse(
+        store="redis", size=40, pending_leases=2, pending_experiences=16, oldest_lease_age_s=3.5,
+        per_model_version={3: 0, 5: 8, 4: 2},
+    )  # fmt: skip
+    held = BufferView(True, stats)
+    text = _text(dataclasses.replace(snap, buffer=held))
+    assert "leases 2 (16 exp), oldest 3.5 s" in text and "oldest version stored 4" in text
 
 
 def test_targets_from_a_job_folder_and_from_flags(tmp_path: Path):

@@ -7,11 +7,13 @@ import asyncio
 
 import pytest
 import torch
+from prometheus_client import CollectorRegistry, generate_latest
 
 from services.common.config.sync_plan import SyncPlan
 from services.synchronizer.core import SynchronizerCore
 from services.synchronizer.errors import NotRegistered, WrongState
 from services.synchronizer.members import MemberStatus, Role
+from services.synchronizer.metrics import SynchronizerCollector
 from services.synchronizer.settings import SynchronizerSettings
 from services.weight_sync import specs_of, sync_method
 
@@ -329,3 +331,18 @@ async def test_synchronizer_versions_are_monotonic_and_finish_releases_waiters()
     await core.heartbeat("trainer", MemberStatus.STOPPED)
     assert (await asyncio.wait_for(waiter, 5)).finished
     assert core.run_state().finished
+
+
+async def test_synchronizer_metrics_are_read_on_the_loop_from_the_scrape_thread():
+    """The collector, scraped from another thread as prometheus_client does, reads the core on its loop:
+    the members and the counted events."""
+    core = core_of(method="memory")
+    collector = SynchronizerCollector(core, asyncio.get_running_loop())
+    core.on_event = collector.count
+    await core.register("e1", Role.EXPLORER)
+    registry = CollectorRegistry()
+    registry.register(collector)
+    text = (await asyncio.to_thread(generate_latest, registry)).decode()
+    assert 'rft_synchronizer_member_up{member="e1",role="explorer"} 1.0' in text
+    assert 'rft_synchronizer_events_total{kind="register"} 1.0' in text
+    await core.close()

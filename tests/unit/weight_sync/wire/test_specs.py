@@ -60,6 +60,10 @@ def test_group_info_round_trips_through_proto():
         common_pb2.WeightSyncGroupInfo.FromString(info.to_proto().SerializeToString())
     )
     assert back == info
+    # fields left unset (proto3's zero) take the defaults
+    assert GroupInfo.from_proto(
+        common_pb2.WeightSyncGroupInfo(master_address="h", master_port=1, world_size=2)
+    ) == (GroupInfo("h", 1, 2))
     with pytest.raises(ValueError, match="world_size"):
         GroupInfo("h", 1, 1)
 
