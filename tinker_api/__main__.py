@@ -54,7 +54,8 @@ async def serve(server: TinkerServer, host: str, port: int, port_file: Path | No
     await task
 
 
-def main(argv: list[str] | None = None) -> None:
+def parser() -> argparse.ArgumentParser:
+    """The command line of `python -m tinker_api` (deploy/docker-compose.tinker.yml runs it)."""
     p = argparse.ArgumentParser(prog="rft serve tinker", description=__doc__)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
@@ -79,7 +80,11 @@ def main(argv: list[str] | None = None) -> None:
     g.add_argument("--member-id", default="tinker", help="this server's trainer id at the synchronizer")
     g.add_argument("--explorer-wait", type=float, default=120.0,
                    help="seconds a sample waits for the explorer to hold its version")  # fmt: skip
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parser().parse_args(argv)
     if a.threads > 0:
         torch.set_num_threads(a.threads)
     models = base_models(a.base_model)
