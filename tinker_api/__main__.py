@@ -85,6 +85,10 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     a = parser().parse_args(argv)
+    if bool(a.synchronizer) != bool(a.explorer):
+        raise SystemExit(
+            "--synchronizer and --explorer go together: publish to the one, sample from the other"
+        )
     if a.threads > 0:
         torch.set_num_threads(a.threads)
     models = base_models(a.base_model)
@@ -102,10 +106,6 @@ def service_sampler(a: argparse.Namespace, models: dict[str, str]) -> Sampler | 
     """The explorer-backed sampler of `--synchronizer` and `--explorer` (None: neither given)."""
     if not a.synchronizer and not a.explorer:
         return None
-    if not (a.synchronizer and a.explorer):
-        raise SystemExit(
-            "--synchronizer and --explorer go together: publish to the one, sample from the other"
-        )
     name = a.explorer_model or (next(iter(models)) if len(models) == 1 else None)
     if name not in models:
         raise SystemExit(
