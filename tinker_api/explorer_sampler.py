@@ -76,7 +76,7 @@ class ExplorerSampler(Sampler):
         stop = p.stop if p.stop is not None else ()
         stop = [stop] if isinstance(stop, str) else list(stop)
         body: dict[str, Any] = {
-            "prompt": prompt, "n": n, "max_tokens": int(p.max_tokens or 16),
+            "prompt": prompt, "n": n, "max_tokens": int(p.max_tokens) if p.max_tokens else None,
             "temperature": float(p.temperature), "top_p": float(p.top_p), "top_k": int(p.top_k),
             "stop": [s for s in stop if isinstance(s, str)] or None,
             "stop_token_ids": [s for s in stop if isinstance(s, int)] or None,
