@@ -208,8 +208,9 @@ def wheelhouse(cache: Path, target: Target) -> Path:
     common = [uv, "pip", "compile", "--python-version", target.python, "--python-platform", target.platform,
               "-c", str(constraints), "--no-header", "--no-annotate", "--quiet", *_uv_index_args(pip)]  # fmt: skip
     _run(
-        [*common, str(ROOT / "pyproject.toml"), str(folder / "runtime.in"), "-o", str(folder / "runtime.txt")]
-    )
+        [*common, str(ROOT / "pyproject.toml"), "--extra", "tinker", str(folder / "runtime.in"), "-o",
+         str(folder / "runtime.txt")]
+    )  # fmt: skip
     _run([*common, str(folder / "build.in"), "-o", str(folder / "build.txt")])
     extra = ["--extra-index-url", os.environ["RFT_TORCH_INDEX"]] if os.environ.get("RFT_TORCH_INDEX") else []
     _run([*pip, "download", "--quiet", "--no-deps", "--only-binary=:all:", "--dest", str(folder),

@@ -365,15 +365,24 @@ def serve(
     ] = None,
     host: Annotated[str, typer.Option(help="tinker only: the address to listen on")] = "127.0.0.1",
     api_key: Annotated[str | None, typer.Option(help="tinker only: the key clients send (tml-...)")] = None,
+    synchronizer: Annotated[
+        str | None, typer.Option(help="tinker only: HOST:PORT of a run's synchronizer (with --explorer)")
+    ] = None,
+    explorer: Annotated[
+        str | None, typer.Option(help="tinker only: URL of that run's explorer in mode serve (.../v1)")
+    ] = None,
 ) -> None:
     """Run one service: `rft serve buffer --config run.yaml` (same as `python -m services.buffer`).
 
     It stops on SIGTERM/SIGINT (the trainer saves its last trained step first); exit 0 done, 1 failed,
     2 bad config or plug-in. `rft serve tinker [--port --host --api-key]` serves the Tinker API
-    (docs/tinker.md); it needs no config."""
+    (docs/tinker.md); it needs no config. With `--synchronizer HOST:PORT --explorer URL` its saves
+    for the sampler are published as that run's versions and sampled from that explorer."""
     if service == "tinker":
         argv = ["--host", host, "--port", str(8000 if port is None else port)]
         argv += ["--api-key", api_key] if api_key else []
+        argv += ["--synchronizer", synchronizer] if synchronizer else []
+        argv += ["--explorer", explorer] if explorer else []
         argv += ["--port-file", str(port_file)] if port_file is not None else []
         sys.argv = ["rft serve tinker", *argv]
         runpy.run_module("tinker_api", run_name="__main__", alter_sys=True)  # as the services are run

@@ -2,11 +2,13 @@
 
 One engine per base model folder; a sampling session names weights (a `tinker://` sampler path or
 the base model) and each sample loads them into the engine when they are not the ones it holds.
-Returns the sampled tokens and their log-probs.
+Returns the sampled tokens and their log-probs. `saved` hears of each save for the sampler
+(explorer_sampler.py publishes it instead, for the explorer's base model).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,18 +41,27 @@ class Sampler:
             self._holding[base_folder] = "base"
         return self._engines[base_folder]
 
+    def saved(
+        self, base_folder: str, key: str, state: Callable[[], dict[str, torch.Tensor]], named: bool
+    ) -> None:
+        """A training client saved weights for the sampler under `key` (a `tinker://` path when
+        `named`, read back from its folder; else an in-memory snapshot, kept here)."""
+        if not named:
+            self.keep(key, {k: v.clone() for k, v in state().items()})
+
+    def weights(self, base_folder: str, key: str, weights_folder: Path | None) -> dict[str, torch.Tensor]:
+        """The weights a sampling session names: the base model's, a snapshot, or a saved folder's."""
+        if key == "base":
+            return load_file(str(Path(base_folder) / "model.safetensors"))
+        state = self.states.get(key)
+        if state is None and weights_folder is None:
+            raise ValueError(f"sampler weights {key} have expired; save weights for the sampler again")
+        return state if state is not None else load_file(str(weights_folder / "model.safetensors"))
+
     def _hold(self, base_folder: str, key: str, weights_folder: Path | None) -> HFEngine:
         engine = self.engine(base_folder)
         if self._holding[base_folder] != key:
-            if key == "base":
-                state = load_file(str(Path(base_folder) / "model.safetensors"))
-            else:
-                state = self.states.get(key)
-                if state is None and weights_folder is None:
-                    raise ValueError(
-                        f"sampler weights {key} have expired; save weights for the sampler again"
-                    )
-                state = state if state is not None else load_file(str(weights_folder / "model.safetensors"))
+            state = self.weights(base_folder, key, weights_folder)
             version = self._versions.get(base_folder, 0) + 1
             self._versions[base_folder] = version
             engine.load_weights_sync(state.items(), version, strict=False)

@@ -42,13 +42,14 @@ class TinkerServer:
         checkpoint_dir: Path,
         api_key: str | None = None,
         full: frozenset[str] = frozenset(),
+        sampler: Sampler | None = None,
     ):
         self.base_models = base_models
         self.full = full  # base model names trained in full: a client's LoRA rank is then ignored
         self.checkpoint_dir = checkpoint_dir
         self.api_key = api_key
         self.futures = Futures()
-        self.sampler = Sampler()
+        self.sampler = sampler or Sampler()  # explorer_sampler.ExplorerSampler: the service-backed mode
         self.sessions: dict[str, int] = {}
         self.models: dict[str, TrainingModel] = {}
         self.sampling: dict[str, tuple[str, str, Path | None]] = {}
@@ -103,7 +104,7 @@ class TinkerServer:
         name = body.get("path")
         if kind == "sampler_weights" and not name:  # an ephemeral snapshot for a sampling client
             key = f"snapshot-{uuid.uuid4().hex[:8]}"
-            self.sampler.keep(key, {k: v.clone() for k, v in model.full_state().items()})
+            self.sampler.saved(model.folder, key, model.full_state, named=False)
             sid = f"sampling-{uuid.uuid4().hex[:12]}"
             self.sampling[sid] = (model.folder, key, None)
             self.sampler_info[sid] = {"sampler_id": sid, "base_model": model.base_model, "model_path": None}
@@ -114,6 +115,8 @@ class TinkerServer:
         folder = self.checkpoint_dir / model.model_id / kind / name
         model.save(folder, with_optimizer=kind == "weights")
         path = f"tinker://{model.model_id}/{kind}/{name}"
+        if kind == "sampler_weights":
+            self.sampler.saved(model.folder, path, model.full_state, named=True)
         return {"path": path, "type": "save_weights" if kind == "weights" else "save_weights_for_sampler"}
 
     def load(self, body: dict[str, Any]) -> dict[str, Any]:

@@ -44,6 +44,18 @@ class Answer:
     top: list[list[tuple[str, float]]] | None = None  # per token, the k most likely (text, log-prob)
 
 
+def _token_prompt(prompt: Any, vocab: int) -> list[int] | None:
+    """A completion prompt given as token ids (a list of ints), checked against the vocabulary."""
+    if not isinstance(prompt, list) or not prompt or not all(isinstance(t, int) for t in prompt):
+        return None
+    bad = [t for t in prompt if not 0 <= t < vocab]
+    if bad:
+        raise ServeError(
+            400, f"prompt: token id {bad[0]} is outside the vocabulary (0..{vocab - 1})", "prompt"
+        )
+    return list(prompt)
+
+
 def _text(content: Any) -> str:
     """OpenAI message content: a string or a list of `{"type": "text", "text": ...}` parts."""
     if content is None or isinstance(content, str):
@@ -149,6 +161,11 @@ class EndpointCore:
             temperature=req.temperature, top_p=req.top_p, max_tokens=min(limit, room), n=req.n,
             stop=stop_strings(req.stop),
         )  # fmt: skip
+        top_k, stop_ids = getattr(req, "top_k", None), getattr(req, "stop_token_ids", None)
+        if top_k is not None:
+            params = params.replace(top_k=top_k if top_k > 0 else -1)
+        if stop_ids:
+            params = params.replace(stop_token_ids=tuple(stop_ids))
         extra: dict[str, Any] = {}
         if on_token is not None and getattr(model.engine, "supports_streaming", False):
             extra["on_token"] = on_token
@@ -217,24 +234,30 @@ class EndpointCore:
         self, req: CompletionRequest, session_id: str | None, on_token: Callable[..., None] | None = None,
         call_id: str | None = None,
     ) -> tuple[Call, str, list[Answer]]:  # fmt: skip
+        token_ids = _token_prompt(req.prompt, self.engines[0].vocab_size)
         prompt = (
             req.prompt if isinstance(req.prompt, str) else req.prompt[0] if len(req.prompt) == 1 else None
         )
-        if prompt is None:
-            raise ServeError(400, "prompt: give one prompt per request (a string)", "prompt")
+        if prompt is None and token_ids is None:
+            raise ServeError(400, "prompt: give one prompt per request (a string or its token ids)", "prompt")
         if req.echo:
             raise ServeError(400, "echo: not supported", "echo")
         call_id = call_id or f"cmpl-{secrets.token_hex(12)}"
         sid = session_id or call_id
-        self.store.check_open(sid)
+        if req.record:
+            self.store.check_open(sid)
         model = self._model()
-        ids = self._encode(model, sid, prompt)
+        if token_ids is not None:  # sampled as given: no session continuation re-encodes them
+            ids, prompt = token_ids, model.tokenizer.decode(token_ids, skip_special_tokens=False)
+        else:
+            ids = self._encode(model, sid, str(prompt))
         if not ids:
             raise ServeError(400, "prompt: empty", "prompt")
         k = req.logprobs or 0
         choices, tops = await self._sample(model, ids, req, self._fit(ids, "prompt"), on_token, k)
-        call = Call(call_id, ids, choices, prompt)
-        self.store.record(sid, call)
+        call = Call(call_id, ids, choices, str(prompt))
+        if req.record:
+            self.store.record(sid, call)
         return call, sid, self._answers(model, choices, False, tops)
 
     # ------------------------------------------------------------------ feedback and commit

@@ -2,7 +2,9 @@
 
     POST /v1/chat/completions   OpenAI chat (stream, n, temperature, top_p, max_tokens, stop, logprobs,
                                 tools/tool_choice); the answer is recorded under the session
-    POST /v1/completions        OpenAI text completion (one prompt per request)
+    POST /v1/completions        OpenAI text completion (one prompt per request: a string or its token
+                                ids; vLLM's `return_token_ids`, `top_k`, `stop_token_ids`; `record: false`
+                                answers without recording the call)
     GET  /v1/models             the served model
     GET  /health                liveness and the model version being served (no token needed)
     POST /v1/feedback           {"session_id" | "response_id" [+ "choice_index"], "reward"}
@@ -202,7 +204,8 @@ def build_app(core: EndpointCore, auth_token: str | None = None) -> FastAPI:
             return await _live(core, request, req, False, False)
         call, sid, answers = await core.complete(req, _session(request, req))
         lp, name = req.logprobs is not None, core.model_name
-        return _answer(responses.completion_body(call, sid, answers, name, lp), sid)
+        body = responses.completion_body(call, sid, answers, name, lp, req.return_token_ids)
+        return _answer(body, sid)
 
     @app.post("/v1/feedback")
     async def feedback(request: Request) -> Any:

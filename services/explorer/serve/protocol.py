@@ -57,9 +57,17 @@ class ChatRequest(_Sampling):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[str]
+    # a string, or one prompt's token ids (OpenAI's array-of-tokens form: sampled as given)
+    prompt: str | list[str] | list[int]
     logprobs: int | None = Field(None, ge=0, le=5)
     echo: bool = False
+    # extras (vLLM's names): the choices' and the prompt's token ids in the answer, top-k, stop ids
+    return_token_ids: bool = False
+    top_k: int | None = None
+    stop_token_ids: list[int] | None = Field(None, max_length=64)
+    # false: answer without recording the call (a session that will never be committed, e.g. a
+    # sampler that keeps its own data, such as `rft serve tinker`)
+    record: bool = True
 
 
 class FeedbackRequest(_Body):

@@ -147,18 +147,24 @@ def chat_chunks(
 
 
 def completion_body(
-    call: Call, sid: str, answers: list[Answer], model: str, logprobs: bool = False
+    call: Call, sid: str, answers: list[Answer], model: str, logprobs: bool = False, token_ids: bool = False
 ) -> dict[str, Any]:
+    """`token_ids` (the request's `return_token_ids`): each choice's sampled token ids, and the
+    prompt's as `prompt_token_ids`, as vLLM answers them."""
     choices = [
         {
             "index": a.choice.index,
             "text": a.choice.text,
             "finish_reason": a.finish_reason,
             "logprobs": completion_logprobs(a, call.prompt_text) if logprobs else None,
+            **({"token_ids": list(a.choice.token_ids)} if token_ids else {}),
         }
         for a in answers
     ]
-    return _body(call, sid, model, "text_completion", choices)
+    body = _body(call, sid, model, "text_completion", choices)
+    if token_ids:
+        body["prompt_token_ids"] = list(call.prompt_ids)
+    return body
 
 
 def completion_chunks(

@@ -153,6 +153,33 @@ async def test_completions_models_and_health(served):
     assert health.json()["status"] == "ok" and health.json()["model_version"] == 0
 
 
+async def test_a_token_id_prompt_answers_token_ids_and_log_probs_unrecorded(served):
+    """The extras a token-level client (`rft serve tinker`) samples with: the prompt as token ids,
+    `return_token_ids`, `top_k`, `stop_token_ids`, and `record: false` (no session is opened)."""
+    endpoint, client, _, _ = served
+    store = endpoint.core.store
+    opened = store.open_count
+    prompt = endpoint.core.tokenizer.encode("the answer is")
+    body = {"model": "p", "prompt": prompt, "max_tokens": 4, "logprobs": 0, "return_token_ids": True,
+            "record": False, "top_k": 1, "temperature": 1.0}  # fmt: skip
+    first = (await client.post("/completions", body=body, cast_to=httpx2.Response)).json()
+    [c] = first["choices"]
+    assert first["prompt_token_ids"] == prompt and first["usage"]["prompt_tokens"] == len(prompt)
+    assert len(c["token_ids"]) == len(c["logprobs"]["token_logprobs"]) == first["usage"]["completion_tokens"]
+    assert all(lp <= 0 for lp in c["logprobs"]["token_logprobs"])
+    assert store.open_count == opened and first["id"] not in store.sessions  # nothing recorded
+    again = (await client.post("/completions", body=body, cast_to=httpx2.Response)).json()
+    assert again["choices"][0]["token_ids"] == c["token_ids"]  # top_k 1: the same tokens
+    stop = {**body, "max_tokens": 4, "stop_token_ids": [c["token_ids"][0]]}
+    stopped = (await client.post("/completions", body=stop, cast_to=httpx2.Response)).json()
+    assert stopped["choices"][0]["token_ids"] == c["token_ids"][:1]
+    assert stopped["choices"][0]["finish_reason"] == "stop"
+    recorded = await client.completions.create(model="p", prompt=prompt, max_tokens=2)
+    assert store.sessions[recorded.id].calls[0].prompt_ids == prompt  # recorded by default
+    with pytest.raises(openai.BadRequestError, match="outside the vocabulary"):
+        await client.completions.create(model="p", prompt=[endpoint.core.engines[0].vocab_size], max_tokens=2)
+
+
 async def test_streams_send_text_as_it_is_sampled_and_top_logprobs_come_back(served):
     endpoint, client, _, _ = served
     store = endpoint.core.store

@@ -18,15 +18,16 @@ from tests.support.rft_run import ROOT, env, poll_until, tiny_model
 API_KEY = "tml-rft-test"
 
 
-def start_server(work: Path, port: int = 0) -> tuple[subprocess.Popen[bytes], str]:
-    """`python -m tinker_api` on `port` (0: a free one), checkpoints under `work`."""
+def start_server(work: Path, port: int = 0, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
+    """`python -m tinker_api` on `port` (0: a free one), checkpoints under `work`; `extra` arguments
+    (e.g. the service-backed mode's `--synchronizer`, `--explorer`)."""
     folder = tiny_model()
     port_file = work / "port"
     port_file.unlink(missing_ok=True)
     argv = [
         sys.executable, "-m", "tinker_api", "--port", str(port), "--port-file", str(port_file),
         "--api-key", API_KEY, "--base-model", f"tiny={folder}", "--base-model", f"tiny-full={folder}",
-        "--full", "tiny-full", "--threads", "1", "--checkpoint-dir", str(work / "checkpoints"),
+        "--full", "tiny-full", "--threads", "1", "--checkpoint-dir", str(work / "checkpoints"), *extra,
     ]  # fmt: skip
     with (work / "server.log").open("ab") as log:
         proc = subprocess.Popen(argv, cwd=ROOT, env=env(), stdout=log, stderr=subprocess.STDOUT)

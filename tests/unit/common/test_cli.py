@@ -106,6 +106,9 @@ def test_serve_unknown_service():
     assert wrong.exit_code == 2 and "explorer only" in wrong.output
     bare = runner.invoke(app, ["serve", "buffer"])
     assert bare.exit_code == 2 and "needs --config" in bare.output
+    # the service-backed Tinker mode takes both, refused before anything is served
+    half = runner.invoke(app, ["serve", "tinker", "--synchronizer", "127.0.0.1:1"])
+    assert half.exit_code != 0 and "--synchronizer and --explorer go together" in str(half.exception)
 
 
 def test_serve_help_lists_every_option():
@@ -120,5 +123,7 @@ def test_serve_help_lists_every_option():
         "--shard",
         "--host",
         "--api-key",
+        "--synchronizer",
+        "--explorer",
     ):
         assert option in text, option

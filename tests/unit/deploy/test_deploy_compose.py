@@ -220,7 +220,9 @@ def test_the_offline_build_stages_what_the_dockerfile_copies():
 
     script = runpy.run_path(str(DEPLOY / "build_offline.py"), run_name="build_offline")
     entries = set(script["_context_entries"]())
-    assert entries == {"pyproject.toml", "README.md", "protos", "services", "launcher", "deploy/prepare.py"}
+    assert entries == {
+        "pyproject.toml", "README.md", "protos", "services", "launcher", "tinker_api", "deploy/prepare.py"
+    }  # fmt: skip
     copied = {
         src.rstrip("/")
         for line in _instructions(DEPLOY / "Dockerfile") if line.startswith("COPY ")
@@ -255,7 +257,8 @@ def test_the_cpu_image_copies_what_the_commands_need(raw):
         and "ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" in text
     )
     assert '--index-url "${TORCH_INDEX_URL}"' in text
-    assert torch_at < text.index("pip install . "), "CPU torch must be installed before the project"
+    # the project with its `tinker` extra (docker-compose.tinker.yml runs the Tinker API server)
+    assert torch_at < text.index('pip install ".[tinker]" '), "CPU torch must be installed before the project"
     _check_copies(text, DEPLOY / "Dockerfile.dockerignore")
 
 
