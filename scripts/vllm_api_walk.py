@@ -1,7 +1,7 @@
 """Walks one of our modules for `check_vllm_api.py`: a small static evaluator of the vLLM values in it.
 
 Names are bound from `import vllm` / `from vllm... import X`, from functions that return such a name
-(`vllm = _import_vllm()`), from calls (a class gives an instance, a function its return annotation),
+(`vllm = _import_vllm()`), from `import_extra("vllm", ...)`, from calls (a class gives an instance, a function its return annotation),
 `await`, `for` / `async for` over annotated iterables, and from `self.x = ...` in our classes (what a
 `cls(...)` call passes to `__init__` included). Each attribute read on, and each call of, a vLLM value is
 checked against the `VllmIndex`; the walk runs three times so facts found late reach earlier code, and
@@ -212,6 +212,9 @@ class OurModule:
         return None if got is EXISTS else got
 
     def call(self, e: ast.Call, env):
+        extra = self.extra_module(e)
+        if extra is not None:
+            return extra
         f = self.eval(e.func, env)
         values = [self.eval(a, env) for a in e.args]
         kwvalues = {k.arg: self.eval(k.value, env) for k in e.keywords}
@@ -236,6 +239,21 @@ class OurModule:
             if isinstance(f, Func) and f.node.name == "collective_rpc":
                 self.note_rpc(e)
         return self.idx.call_result(f) if isinstance(f, VLLM_VALUES) else None
+
+    def extra_module(self, e: ast.Call) -> Module | None:
+        """`import_extra("vllm...", ...)` (services/common/extras.py) gives that vLLM module, as `import` does."""
+        if _name(e.func) != "import_extra" or not e.args:
+            return None
+        first = e.args[0]
+        if not (isinstance(first, ast.Constant) and isinstance(first.value, str)):
+            return None
+        if first.value.split(".")[0] != "vllm":
+            return None
+        if not self.idx.is_module(first.value):
+            self.rep.bad(self.path, e.lineno, first.value, "no such module")
+            return None
+        self.rep.ok(self.path, e.lineno, f"import_extra({first.value!r})")
+        return Module(first.value)
 
     def note_extension(self, e: ast.Call, env) -> None:
         for k in e.keywords:
