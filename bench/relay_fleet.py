@@ -36,7 +36,7 @@ import torch  # noqa: E402
 
 from services.common.log import configure_logging  # noqa: E402
 from services.common.rpc import create_channel, start_server  # noqa: E402
-from services.weight_sync.tree.server import RelayNode, peer_channel  # noqa: E402
+from services.weight_sync.tree.server import PeerSources, RelayNode, peer_channel  # noqa: E402
 from services.weight_sync.tree.store import RelayStore, Source, pull_version  # noqa: E402
 from services.weight_sync.wire.chunks import join_raw_chunks  # noqa: E402
 from services.weight_sync.wire.codec import decode_state_dict  # noqa: E402
@@ -76,9 +76,8 @@ class Fleet:
     async def start(self, names: list[str]) -> dict:
         addresses = {}
         for name in names:
-            node = RelayNode(
-                self.sync_channel, lambda a: peer_channel(a, timeout_s=60), name, stall_s=self.stall_s
-            )
+            peers = PeerSources(self.sync_channel, lambda a: peer_channel(a, timeout_s=60), name)
+            node = RelayNode(peers, stall_s=self.stall_s)
             handle = await start_server([node.registration()], port=0)
             self.nodes[name], addresses[name] = node, handle.address
             self.handles.append(handle)
