@@ -19,6 +19,7 @@ from typing import Any
 from . import wire
 from .futures import Futures
 from .sampling import Sampler
+from .sessions import Sessions
 from .training import TrainingModel
 
 OWNER = "rft"  # the `model_owner` of every training run: one API key, one owner
@@ -49,7 +50,7 @@ class TinkerServer:
         self.api_key = api_key
         self.futures = Futures()
         self.sampler = Sampler()
-        self.sessions: dict[str, int] = {}
+        self.sessions = Sessions()
         self.models: dict[str, TrainingModel] = {}
         self.sampling: dict[str, tuple[str, str, Path | None]] = {}
         self.sampler_info: dict[str, dict[str, Any]] = {}  # GET /samplers/<id>
@@ -85,8 +86,7 @@ class TinkerServer:
 
     # ---- queued work
     def create_model(self, body: dict[str, Any]) -> dict[str, Any]:
-        if body.get("session_id") not in self.sessions:
-            raise UserError(f"unknown session_id {body.get('session_id')!r}")
+        self.sessions.live(body.get("session_id"))  # unknown or finished: a SessionError
         folder = self.folder(body["base_model"])
         lora = body.get("lora_config") or None
         model_id = f"{body['session_id']}:train:{int(body.get('model_seq_id') or 0)}"  # the SDK's own form

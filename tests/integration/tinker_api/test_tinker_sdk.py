@@ -1,9 +1,11 @@
 """The official `tinker` SDK against `rft serve tinker`: every supported route, the error paths, the
-RestClient's training runs and checkpoints, and an SDK-only SFT-then-RL loop on the quickstart's
+RestClient's training runs and checkpoints, sampling through the `retrieve_futures` poll with cloned
+sampling clients, sessions and their finish, and an SDK-only SFT-then-RL loop on the quickstart's
 arithmetic task that must raise the reward."""
 
 from __future__ import annotations
 
+import pickle
 from datetime import datetime, timedelta, timezone
 
 import httpx
@@ -13,7 +15,7 @@ import tinker
 from tinker import types
 
 from services.common.modeling import load_tokenizer
-from tests.support.rft_run import tiny_model
+from tests.support.rft_run import poll_until, tiny_model
 from tests.support.tinker_loop import sft_then_rl
 
 from .conftest import API_KEY
@@ -182,3 +184,52 @@ def test_sdk_only_rl_loop_raises_the_quickstart_reward(tinker_url: str) -> None:
     )
     print(out)
     assert out["gain"] >= 0.3, out
+
+
+def test_sampling_clients_poll_retrieve_futures_and_sessions_finish(tinker_url: str) -> None:
+    sc = tinker.ServiceClient(base_url=tinker_url, api_key=API_KEY, user_metadata={"run": "t"})
+    assert sc.holder.get_client_config().sample_use_retrieve_futures  # the server turns the poll on
+    tc = sc.create_lora_training_client(base_model="tiny", rank=4).result()
+    sampler = sc.create_sampling_client(base_model="tiny").result()
+    params = types.SamplingParams(max_tokens=3, temperature=1.0, seed=5)
+    prompt = types.ModelInput.from_ints(TOKENS[:3])
+    futures = [sampler.sample(prompt, 2, params) for _ in range(4)]  # one retrieve_futures poll for all
+    results = [f.result() for f in futures]
+    assert all(len(r.sequences) == 2 and r.sequences[0].tokens for r in results)
+    # each result, once fetched, is reported retrieved on the next poll, and the server drops it
+    fetched = results[0].sequences[0].sequence_id.rsplit("-", 1)[0]
+    headers = {"X-API-Key": API_KEY}
+
+    def gone() -> bool:
+        r = httpx.post(f"{tinker_url}/api/v1/retrieve_future", json={"request_id": fetched}, headers=headers)
+        return r.status_code == 404
+
+    poll_until(gone, 30, f"the server dropping the retrieved result {fetched}")
+    # the route itself: nothing new after the client's cursor; an unknown sampling session is a 404
+    sid = sampler._sampling_session_id
+    poll = {"target": {"sampling_session_id": sid}, "prev_cursor": 10**6, "timeout": 0}
+    r = httpx.post(f"{tinker_url}/api/v1/retrieve_futures", json=poll, headers=headers)
+    assert r.json() == {"completions": [], "cursor": 10**6}
+    poll["target"] = {"sampling_session_id": "sampling-nope"}
+    r = httpx.post(f"{tinker_url}/api/v1/retrieve_futures", json=poll, headers=headers)
+    assert r.status_code == 404 and "unknown sampling_session_id" in r.json()["detail"]
+
+    # clones of the sampling client (pickled, or rebuilt from its handle) join for their own clone ids
+    clones = [pickle.loads(pickle.dumps(sampler)), tinker.SamplingClient.from_sampler_handle(
+        sampler.get_sampler_handle(), api_key=API_KEY)]  # fmt: skip
+    for clone in clones:
+        assert len(clone.sample(prompt, 1, params).result().sequences) == 1
+    assert sorted(c._cloned_sampler_id for c in clones) == [1, 2]
+
+    rest = tinker.RestClient(base_url=tinker_url, api_key=API_KEY)
+    session_id = sc.holder.get_session_id()
+    got = rest.get_session(session_id).result()
+    assert got.training_run_ids == [tc.get_info().model_id] and got.sampler_ids == [sid]
+    assert got.user_metadata == {"run": "t"}
+    assert session_id in rest.list_sessions(limit=100).result().sessions
+    sc.close("success").result()  # POST sessions/<id>/finish: no new clients in that session
+    body = {"session_id": session_id, "sampling_session_seq_id": 9, "base_model": "tiny"}
+    r = httpx.post(f"{tinker_url}/api/v1/create_sampling_session", json=body, headers=headers)
+    assert r.status_code == 400 and f"session {session_id!r} is finished (success)" in r.json()["detail"]
+    with pytest.raises(tinker.NotFoundError, match="unknown session 'session-nope'"):
+        rest.get_session("session-nope").result()
