@@ -91,6 +91,7 @@ def test_every_supported_route_through_the_sdk(tinker_url: str) -> None:
         ("importance_sampling", {}),
         ("ppo", {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}),
         ("cispo", {}),
+        ("gspo", {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}),
         ("dro", {"beta": 0.1}),
     ):
         d = datum()
@@ -98,10 +99,14 @@ def test_every_supported_route_through_the_sdk(tinker_url: str) -> None:
         d.loss_fn_inputs.pop("weights")
         d.loss_fn_inputs["logprobs"] = types.TensorData.from_numpy(trained.astype(np.float32))
         d.loss_fn_inputs["advantages"] = types.TensorData.from_numpy(np.full(n, 0.5, dtype=np.float32))
+        if loss == "gspo":  # the sequence ratio over the sampled tokens: all but the first here
+            ratio_mask = np.ones(n, dtype=np.float32)
+            ratio_mask[0] = 0.0
+            d.loss_fn_inputs["sequence_ratio_mask"] = types.TensorData.from_numpy(ratio_mask)
         out = tc.forward_backward([d], loss, loss_fn_config=extra or None).result()
-        # at ratio 1 (the sampler's log-probs are the current ones) IS and PPO are -sum(A); CISPO and
-        # DRO weigh log p by A (the clip at 1 and the penalty at 0)
-        want = -0.5 * n if loss in ("importance_sampling", "ppo") else -0.5 * float(trained.sum())
+        # at ratio 1 (the sampler's log-probs are the current ones) IS, PPO and GSPO (its sequence
+        # ratio too) are -sum(A); CISPO and DRO weigh log p by A (the clip at 1 and the penalty at 0)
+        want = -0.5 * n if loss in ("importance_sampling", "ppo", "gspo") else -0.5 * float(trained.sum())
         assert out.metrics["loss:sum"] == pytest.approx(want, rel=1e-4)
 
 
@@ -112,8 +117,8 @@ def test_errors_reach_the_sdk_clearly(tinker_url: str) -> None:
     with pytest.raises(tinker.RequestFailedError, match="base_model 'no-such-model' is neither"):
         sc.create_lora_training_client(base_model="no-such-model", rank=4).result()
     tc = sc.create_lora_training_client(base_model="tiny", rank=4).result()
-    with pytest.raises(tinker.RequestFailedError, match=r"loss_fn 'gspo' is not supported.*cross_entropy"):
-        tc.forward_backward([datum()], "gspo").result()
+    with pytest.raises(tinker.RequestFailedError, match=r"loss_fn 'stable_reinforce' is not supported.*gspo"):
+        tc.forward_backward([datum()], "stable_reinforce").result()
     short = datum(weights=[1.0, 1.0])
     with pytest.raises(tinker.RequestFailedError, match=r"\['weights'\] has 2 values for 5 input tokens"):
         tc.forward_backward([short], "cross_entropy").result()
