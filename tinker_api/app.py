@@ -27,7 +27,7 @@ SUPPORTED = (
     "optim_step save_weights save_weights_for_sampler load_weights create_sampling_session asample "
     "retrieve_future retrieve_futures cancel_future join_sampling_session sessions sessions/<id> "
     "sessions/<id>/finish healthz training_runs training_runs/<id> training_runs/<id>/checkpoints "
-    "DELETE training_runs/<id>/checkpoints/<kind>/<name> weights_info"
+    "DELETE training_runs/<id>/checkpoints/<kind>/<name> checkpoints weights_info"
 )
 PROTO = "application/x-protobuf"
 
@@ -337,6 +337,10 @@ def _rest_routes(app: FastAPI, server: TinkerServer) -> None:
     async def delete_checkpoint(run_id: str, kind: str, name: str) -> Response:
         response = await answer(server.delete_checkpoint, run_id, f"{kind}/{name}")
         return Response(status_code=204) if response.status_code == 200 else response
+
+    @app.get(f"{api}/checkpoints")
+    async def user_checkpoints(limit: int = 100, offset: int = 0) -> Response:
+        return await answer(server.user_checkpoints, max(limit, 0), max(offset, 0))
 
     @app.post(f"{api}/weights_info")
     async def weights_info(request: Request) -> Response:

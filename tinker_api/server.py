@@ -177,13 +177,26 @@ class TinkerServer:
             "last_sampler_checkpoint": newest.get("sampler"),
         }
 
-    def training_runs(self, limit: int, offset: int) -> dict[str, Any]:
-        """A page of runs, the most recently used first, with Tinker's cursor."""
+    def _run_ids(self) -> set[str]:
+        """This process's training clients and the runs with a folder in the checkpoint directory."""
         ids = set(self.models)
         if self.checkpoint_dir.is_dir():
             ids |= {p.name for p in self.checkpoint_dir.iterdir() if p.is_dir()}
+        return ids
+
+    def user_checkpoints(self, limit: int, offset: int) -> dict[str, Any]:
+        """A page of every run's checkpoints, the newest first, with Tinker's cursor."""
+        found = []
+        for run_id in self._run_ids():
+            found += self.checkpoints(run_id)
+        found.sort(key=lambda c: c["time"], reverse=True)
+        page = found[offset : offset + limit] if limit > 0 else []
+        return {"checkpoints": page, "cursor": {"offset": offset, "limit": limit, "total_count": len(found)}}
+
+    def training_runs(self, limit: int, offset: int) -> dict[str, Any]:
+        """A page of runs, the most recently used first, with Tinker's cursor."""
         runs = []
-        for run_id in ids:
+        for run_id in self._run_ids():
             try:
                 runs.append(self.training_run(run_id))
             except NotFound:  # a folder whose checkpoints were all deleted

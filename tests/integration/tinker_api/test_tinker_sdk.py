@@ -136,7 +136,7 @@ def test_errors_reach_the_sdk_clearly(tinker_url: str) -> None:
     assert r.status_code == 404 and "unknown or expired future" in r.json()["detail"]
     # a route we do not serve: the SDK raises with our message, not a 500
     with pytest.raises(tinker.NotFoundError, match="not supported by rft serve tinker"):
-        sc.create_rest_client().list_user_checkpoints().result()
+        sc.create_rest_client().publish_checkpoint_from_tinker_path("tinker://run/weights/x").result()
 
 
 def test_rest_client_training_runs_and_checkpoints(tinker_url: str) -> None:
@@ -166,6 +166,10 @@ def test_rest_client_training_runs_and_checkpoints(tinker_url: str) -> None:
     kinds = {c.tinker_path: (c.checkpoint_type, c.checkpoint_id) for c in listed}
     assert kinds == {state: ("training", "weights/a"), sampler: ("sampler", "sampler_weights/s")}
     assert all(c.size_bytes > 0 for c in listed)
+    mine = rest.list_user_checkpoints(limit=1000).result()  # every run's, the newest first
+    everyone = [c.tinker_path for c in mine.checkpoints]
+    assert {state, sampler} <= set(everyone) and everyone.index(sampler) < everyone.index(state)
+    assert mine.cursor.total_count == len(everyone)
     info = rest.get_weights_info_by_tinker_path(state).result()
     assert (info.base_model, info.is_lora, info.lora_rank) == ("tiny", True, 4)
 
