@@ -18,6 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from . import wire
+from .expiry import TtlError
 from .futures import UnknownFuture
 from .server import NotFound, TinkerServer, UserError
 from .sessions import SessionError
@@ -27,7 +28,8 @@ SUPPORTED = (
     "optim_step save_weights save_weights_for_sampler load_weights create_sampling_session asample "
     "retrieve_future retrieve_futures cancel_future join_sampling_session sessions sessions/<id> "
     "sessions/<id>/finish healthz training_runs training_runs/<id> training_runs/<id>/checkpoints "
-    "DELETE training_runs/<id>/checkpoints/<kind>/<name> checkpoints weights_info"
+    "DELETE training_runs/<id>/checkpoints/<kind>/<name> PUT training_runs/<id>/checkpoints/<kind>/<name>/ttl "
+    "checkpoints weights_info"
 )
 PROTO = "application/x-protobuf"
 
@@ -336,6 +338,15 @@ def _rest_routes(app: FastAPI, server: TinkerServer) -> None:
     @app.delete(f"{api}/training_runs/{{run_id}}/checkpoints/{{kind}}/{{name}}")
     async def delete_checkpoint(run_id: str, kind: str, name: str) -> Response:
         response = await answer(server.delete_checkpoint, run_id, f"{kind}/{name}")
+        return Response(status_code=204) if response.status_code == 200 else response
+
+    @app.put(f"{api}/training_runs/{{run_id}}/checkpoints/{{kind}}/{{name}}/ttl")
+    async def set_ttl(run_id: str, kind: str, name: str, request: Request) -> Response:
+        ttl = (await request.json()).get("ttl_seconds")
+        try:
+            response = await answer(server.set_ttl, run_id, f"{kind}/{name}", ttl)
+        except TtlError as exc:
+            return _err(400, str(exc))
         return Response(status_code=204) if response.status_code == 200 else response
 
     @app.get(f"{api}/checkpoints")

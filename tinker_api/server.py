@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from . import wire
+from . import expiry, wire
 from .futures import Futures
 from .sampling import Sampler
 from .sessions import Sessions
@@ -80,6 +80,8 @@ class TinkerServer:
                 f"path {tinker_path!r}: expected tinker://<model_id>/<weights|sampler_weights>/<name>"
             )
         folder = self.checkpoint_dir.joinpath(*parts)
+        if folder.is_dir() and expiry.expired(folder):  # its TTL ran out: gone, as if deleted
+            shutil.rmtree(folder)
         if not folder.is_dir():
             raise UserError(f"no checkpoint at {tinker_path} ({folder} is missing)")
         return parts[0], folder
@@ -112,7 +114,9 @@ class TinkerServer:
         if "/" in name:
             raise UserError(f"path {name!r}: a checkpoint name, without '/'")
         folder = self.checkpoint_dir / model.model_id / kind / name
+        expiry.check_ttl(body.get("ttl_seconds"))
         model.save(folder, with_optimizer=kind == "weights")
+        expiry.set_ttl(folder, body.get("ttl_seconds"))
         path = f"tinker://{model.model_id}/{kind}/{name}"
         return {"path": path, "type": "save_weights" if kind == "weights" else "save_weights_for_sampler"}
 
@@ -142,6 +146,10 @@ class TinkerServer:
         out = []
         for seg, kind in KINDS.items():
             for folder in sorted(p for p in (run / seg).glob("*") if (p / "trainer.pt").is_file()):
+                if expiry.expired(folder):
+                    shutil.rmtree(folder)
+                    continue
+                expires = expiry.expires_at(folder)
                 out.append(
                     {
                         "checkpoint_id": f"{seg}/{folder.name}",
@@ -149,6 +157,7 @@ class TinkerServer:
                         "time": _iso((folder / "trainer.pt").stat().st_mtime),
                         "tinker_path": f"tinker://{run_id}/{seg}/{folder.name}",
                         "size_bytes": sum(f.stat().st_size for f in folder.iterdir() if f.is_file()),
+                        "expires_at": None if expires is None else _iso(expires),
                     }
                 )
         return sorted(out, key=lambda c: c["time"])
@@ -216,6 +225,14 @@ class TinkerServer:
         except UserError as exc:
             raise NotFound(str(exc)) from exc
         shutil.rmtree(folder)
+
+    def set_ttl(self, run_id: str, checkpoint_id: str, ttl_seconds: int | None) -> None:
+        """`set_checkpoint_ttl`: expire the checkpoint `ttl_seconds` from now (None: never)."""
+        try:
+            _, folder = self.path(f"tinker://{run_id}/{checkpoint_id}")
+        except UserError as exc:
+            raise NotFound(str(exc)) from exc
+        expiry.set_ttl(folder, ttl_seconds)
 
     def weights_info(self, tinker_path: str) -> dict[str, Any]:
         """Base model and LoRA rank of a saved checkpoint (the SDK's `WeightsInfoResponse`)."""

@@ -146,7 +146,7 @@ def test_rest_client_training_runs_and_checkpoints(tinker_url: str) -> None:
     tc.forward_backward([datum()], "cross_entropy").result()
     tc.optim_step(types.AdamParams(learning_rate=1e-3)).result()
     state = tc.save_state("a").result().path
-    sampler = tc.save_weights_for_sampler("s").result().path
+    sampler = tc.save_weights_for_sampler("s", ttl_seconds=7200).result().path
     rest = sc.create_rest_client()
 
     runs = rest.list_training_runs(limit=100).result()
@@ -166,6 +166,19 @@ def test_rest_client_training_runs_and_checkpoints(tinker_url: str) -> None:
     kinds = {c.tinker_path: (c.checkpoint_type, c.checkpoint_id) for c in listed}
     assert kinds == {state: ("training", "weights/a"), sampler: ("sampler", "sampler_weights/s")}
     assert all(c.size_bytes > 0 for c in listed)
+    # TTLs: the save's, then set_checkpoint_ttl's; None removes it; outside an hour..ten years: refused
+    expiries = {c.tinker_path: c.expires_at for c in listed}
+    assert expiries[state] is None
+    assert abs(expiries[sampler] - datetime.now(timezone.utc) - timedelta(hours=2)) < timedelta(minutes=1)
+    rest.set_checkpoint_ttl_from_tinker_path(state, 3600).result()
+    rest.set_checkpoint_ttl_from_tinker_path(sampler, None).result()
+    expiries = {c.tinker_path: c.expires_at for c in rest.list_checkpoints(run_id).result().checkpoints}
+    assert expiries[sampler] is None
+    assert abs(expiries[state] - datetime.now(timezone.utc) - timedelta(hours=1)) < timedelta(minutes=1)
+    with pytest.raises(tinker.BadRequestError, match="ttl_seconds 60: between 3600"):
+        rest.set_checkpoint_ttl_from_tinker_path(state, 60).result()
+    with pytest.raises(tinker.NotFoundError, match="no checkpoint at"):
+        rest.set_checkpoint_ttl_from_tinker_path(f"tinker://{run_id}/weights/nope", 3600).result()
     mine = rest.list_user_checkpoints(limit=1000).result()  # every run's, the newest first
     everyone = [c.tinker_path for c in mine.checkpoints]
     assert {state, sampler} <= set(everyone) and everyone.index(sampler) < everyone.index(state)

@@ -4,13 +4,15 @@ runs a restarted server finds in its checkpoint directory."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
 
 from services.common.modeling import load_model
 from tests.support.rft_run import tiny_model
-from tinker_api import losses
+from tinker_api import expiry, losses
 from tinker_api.server import NotFound, TinkerServer
 from tinker_api.training import TrainingModel
 from tinker_api.wire import Datum, FwdBwd
@@ -123,6 +125,15 @@ def test_a_restarted_server_lists_the_runs_its_checkpoints_name(tmp_path) -> Non
             server.checkpoints("..")
         with pytest.raises(NotFound, match="expected weights/<name>"):
             server.delete_checkpoint("old", "other/c1")
+        # a TTL that ran out (its expiry time, kept in the folder, now past): gone when next read
+        TrainingModel("old", "tiny", str(tiny_model()), 4).save(tmp_path / "old" / "weights" / "c2", True)
+        server.set_ttl("old", "weights/c2", 3600)
+        assert server.checkpoints("old")[-1]["expires_at"] is not None
+        (tmp_path / "old" / "weights" / "c2" / expiry.FILE).write_text(str(time.time() - 1))
+        assert [c["checkpoint_id"] for c in server.checkpoints("old")] == ["weights/c1"]
+        assert not (tmp_path / "old" / "weights" / "c2").exists()
+        with pytest.raises(expiry.TtlError, match="between 3600"):
+            server.set_ttl("old", "weights/c1", 10**10)
         server.delete_checkpoint("old", "weights/c1")
         assert server.training_runs(limit=20, offset=0)["cursor"]["total_count"] == 0
     finally:
