@@ -55,9 +55,10 @@ def build_app(server: TinkerServer, poll_s: float = 20.0) -> FastAPI:
     return app
 
 
-def _queue(server: TinkerServer, fn, model_id: str | None = None) -> dict[str, Any]:  # noqa: ANN001
-    """Submit `fn` as a future; the SDK polls `retrieve_future` with the request id."""
-    return {"request_id": server.futures.submit(fn), "model_id": model_id}
+def _queue(server: TinkerServer, fn, model_id: str | None = None, group: Any = None) -> dict[str, Any]:  # noqa: ANN001
+    """Submit `fn` as a future; the SDK polls `retrieve_future` with the request id (and a sampling
+    client `retrieve_futures` for its `group`)."""
+    return {"request_id": server.futures.submit(fn, group), "model_id": model_id}
 
 
 def _auth(app: FastAPI, server: TinkerServer) -> None:
@@ -221,8 +222,8 @@ def _training_routes(app: FastAPI, server: TinkerServer) -> None:
 def _sampling_routes(app: FastAPI, server: TinkerServer) -> None:
     api = API
 
-    def queue(fn, model_id: str | None = None) -> dict[str, Any]:  # noqa: ANN001
-        return _queue(server, fn, model_id)
+    def queue(fn, model_id: str | None = None, group: Any = None) -> dict[str, Any]:  # noqa: ANN001
+        return _queue(server, fn, model_id, group)
 
     @app.post(f"{api}/create_sampling_session")
     async def create_sampling_session(request: Request) -> Response:
@@ -252,7 +253,7 @@ def _sampling_routes(app: FastAPI, server: TinkerServer) -> None:
         body = await request.json()
         # the sampling client's completion log (retrieve_futures): its session and its clone id
         group = (body.get("sampling_session_id"), int(body.get("seq_id") or 0) // 1_000_000_000)
-        out = {"request_id": server.futures.submit(lambda: server.sample(body), group), "model_id": None}
+        out = queue(lambda: server.sample(body), group=group)
         out["sample_sequence_ids"] = [
             f"{out['request_id']}-{i}" for i in range(int(body.get("num_samples", 1)))
         ]
