@@ -17,7 +17,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Hashable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,6 +81,8 @@ class Futures:
             future.exception(timeout=wait_s)
         except TimeoutError:
             return None
+        except CancelledError:  # dropped by `cancel`: ended too
+            pass
         return future
 
     def completions(

@@ -1,6 +1,6 @@
 """The official `tinker` SDK against `rft serve tinker`: every supported route, the error paths, the
 RestClient's training runs and checkpoints, sampling through the `retrieve_futures` poll with cloned
-sampling clients, sessions and their finish, and an SDK-only SFT-then-RL loop on the quickstart's
+sampling clients, an abandoned sample cancelled, sessions and their finish, and an SDK-only SFT-then-RL loop on the quickstart's
 arithmetic task that must raise the reward."""
 
 from __future__ import annotations
@@ -255,3 +255,26 @@ def test_sampling_clients_poll_retrieve_futures_and_sessions_finish(tinker_url: 
     assert r.status_code == 400 and f"session {session_id!r} is finished (success)" in r.json()["detail"]
     with pytest.raises(tinker.NotFoundError, match="unknown session 'session-nope'"):
         rest.get_session("session-nope").result()
+
+
+def test_an_abandoned_queued_sample_is_cancelled(tinker_url: str) -> None:
+    sc = service(tinker_url)
+    sampler = sc.create_sampling_client(base_model="tiny").result()
+    headers = {"X-API-Key": API_KEY}
+    # the one worker kept busy: a long sample, queued (the POST returns once it is) before the SDK's
+    busy = {"sampling_session_id": sampler._sampling_session_id, "seq_id": 999_999_999, "num_samples": 64,
+            "prompt": {"chunks": [{"type": "encoded_text", "tokens": TOKENS[:3]}]},
+            "sampling_params": {"max_tokens": 128, "temperature": 1.0, "seed": 1}}  # fmt: skip
+    blocker = httpx.post(f"{tinker_url}/api/v1/asample", json=busy, headers=headers).json()["request_id"]
+    future = sampler.sample(types.ModelInput.from_ints(TOKENS[:3]), 1, types.SamplingParams(max_tokens=2))
+    # the SDK has its request id once its poller waits on it; abandoning the future sends cancel_future
+    poll_until(lambda: sampler._futures_poller and sampler._futures_poller._events, 30, "the SDK's wait")
+    future.future().cancel()
+    poll = {"target": {"sampling_session_id": sampler._sampling_session_id}, "prev_cursor": 0, "timeout": 20}
+    done = httpx.post(f"{tinker_url}/api/v1/retrieve_futures", json=poll, headers=headers).json()
+    assert [c["state"] for c in done["completions"]] == ["failed"]  # dropped before it ran
+    cancelled = done["completions"][0]["request_id"]
+    r = httpx.post(f"{tinker_url}/api/v1/retrieve_future", json={"request_id": cancelled}, headers=headers)
+    assert r.json()["error"] == f"request {cancelled} was cancelled (cancel_future)"
+    r = httpx.post(f"{tinker_url}/api/v1/retrieve_future", json={"request_id": blocker}, headers=headers)
+    assert r.headers["content-type"] == "application/x-protobuf"  # the busy sample's result: it ran

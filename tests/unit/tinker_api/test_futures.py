@@ -19,6 +19,7 @@ def test_completions_cursor_retrieved_and_cancel() -> None:
         other = futures.submit(lambda: 2, group="b")
         assert futures.completions("a", 0, 0.0, []) == ([], 0)  # nothing ended yet; no wait
         assert futures.cancel(queued)  # not started: dropped
+        assert futures.wait(queued, 0).cancelled()
         done, cursor = futures.completions("a", 0, 5.0, [])
         assert (done, cursor) == ([{"state": "failed", "request_id": queued}], 1)
         gate.set()
