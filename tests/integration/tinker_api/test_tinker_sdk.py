@@ -1,7 +1,7 @@
 """The official `tinker` SDK against `rft serve tinker`: every supported route, the error paths, the
 RestClient's training runs and checkpoints, sampling through the `retrieve_futures` poll with cloned
-sampling clients, an abandoned sample cancelled, sessions and their finish, and an SDK-only SFT-then-RL loop on the quickstart's
-arithmetic task that must raise the reward."""
+sampling clients, an abandoned sample cancelled, sessions and their finish, and an SDK-only
+SFT-then-RL loop on the quickstart's arithmetic task that must raise the reward."""
 
 from __future__ import annotations
 
