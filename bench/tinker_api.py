@@ -43,8 +43,8 @@ def in_process(folder: Path, work: Path, sft_steps: int, rl_steps: int, lr: floa
     torch.set_num_threads(1)
     tok = load_tokenizer(folder)
     server = TinkerServer({"tiny": str(folder)}, work / "ck", full=frozenset({"tiny"}))
-    server.sessions["s"] = 0
-    mid = server.create_model({"session_id": "s", "model_seq_id": 0, "base_model": "tiny"})["model_id"]
+    session = server.sessions.create({})
+    mid = server.create_model({"session_id": session, "model_seq_id": 0, "base_model": "tiny"})["model_id"]
     model, data, eos = server.models[mid], rows(), tok.eos_token_id
     adam = {"learning_rate": lr}
 

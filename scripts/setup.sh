@@ -75,6 +75,17 @@ else
   fi
 fi
 
+# tinker-cookbook, for the test that runs its `recipes/sl_loop.py` unchanged against `rft serve tinker`
+# (tests/integration/tinker_api/test_tinker_cookbook.py, which skips without it). It pins an older
+# transformers than ours, so it goes into its own git-ignored folder without its dependencies, with only
+# the few modules it imports that the venv lacks; the test puts the folder on the recipe's PYTHONPATH.
+COOKBOOK=.cache/tinker-cookbook
+if [ "$ENGINE" = hf ] && [ ! -f "$COOKBOOK/tinker_cookbook/recipes/sl_loop.py" ]; then
+  echo "[setup] installing tinker-cookbook into $COOKBOOK"
+  uv pip install --quiet "${UV_ARGS[@]}" --python "$VENV/bin/python" --no-deps --target "$COOKBOOK" \
+    tinker-cookbook==0.6.1 chz==0.4.0 blobfile==3.3.0 lxml==6.1.3
+fi
+
 if ! command -v redis-server >/dev/null 2>&1; then
   echo "[setup] installing redis-server"
   SUDO=""

@@ -12,6 +12,14 @@ on the SFT loss), `logprobs` (the sampler's log-probs: our `old_log_prob`) and `
   (loss_fn_config; defaults 0.8 and 1.2) and no dual clip, as Tinker's.
 - `cispo`: our `cispo`, sum(-sg(clip(r, clip_low_threshold, clip_high_threshold)) * A * log p)
   (defaults 0.0 and 4.0, Tinker's one-sided clip).
+- `gspo`: our `gspo` (GSPO-token): every token carries the sequence ratio
+  s = exp(mean over `sequence_ratio_mask` of (log p - sampler log p)) as its value and its own
+  log p's gradient; sum(-min(s*A, clip(s, clip_low_threshold, clip_high_threshold)*A)) over every
+  token. Defaults 0.9997 and 1.0004 (our GSPO's, the paper's ε 3e-4 and 4e-4). Our loss averages the
+  log-ratio over its response mask and token-means each sequence; the server gives it every real
+  token as the mask, each row's token count as the per-token weight (so the token mean becomes the
+  sum), and an `old_log_prob` whose log-ratio averages over the whole row to the mean over the ratio
+  mask (its value only: our loss detaches the sequence ratio).
 - `dro`: sum(-(A * log p - beta/2 * (log p - sampler log p)^2)), Tinker's quadratic penalty; `beta`
   has no default (the server will not guess one).
 """
@@ -31,12 +39,14 @@ NEEDS = {
     "importance_sampling": _RL,
     "ppo": _RL,
     "cispo": _RL,
+    "gspo": (*_RL, "sequence_ratio_mask"),
     "dro": _RL,
 }
 # loss_fn_config keys each loss takes, with their defaults (None: required)
 CONFIG: dict[str, dict[str, float | None]] = {
     "ppo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
     "cispo": {"clip_low_threshold": 0.0, "clip_high_threshold": 4.0},
+    "gspo": {"clip_low_threshold": 1.0 - 3e-4, "clip_high_threshold": 1.0 + 4e-4},
     "dro": {"beta": None},
 }
 
@@ -78,6 +88,8 @@ def compute(
     if name == "cross_entropy":
         weights = inputs.get("weights", mask)
         loss, _ = get_policy_loss_fn("sft")(None, log_prob, None, mask, _AGG, None, weights)
+    elif name == "gspo":
+        loss = _gspo(config, log_prob, inputs, mask)
     elif name == "dro":
         beta = _option(name, config, "beta")
         penalty = (log_prob - inputs["logprobs"]) ** 2
@@ -96,3 +108,24 @@ def compute(
         )
     loss = loss * bs
     return loss, {"loss:sum": float(loss.detach())}
+
+
+def _gspo(
+    config: dict[str, float | str],
+    log_prob: torch.Tensor,
+    inputs: dict[str, torch.Tensor],
+    mask: torch.Tensor,
+) -> torch.Tensor:
+    """Tinker's gspo through our `gspo` loss, divided by `bs` as the other losses (see the docstring)."""
+    clip = {
+        "clip_ratio_low": 1.0 - _option("gspo", config, "clip_low_threshold"),
+        "clip_ratio_high": _option("gspo", config, "clip_high_threshold") - 1.0,
+    }
+    in_ratio = (inputs["sequence_ratio_mask"] != 0).to(mask.dtype) * mask
+    n_real = mask.sum(-1, keepdim=True).clamp(min=1)
+    n_ratio = in_ratio.sum(-1, keepdim=True).clamp(min=1)
+    lp = log_prob.detach()
+    old = lp - (lp - inputs["logprobs"]) * in_ratio * (n_real / n_ratio)
+    weights = n_real.expand_as(mask)
+    loss, _ = get_policy_loss_fn("gspo")(old, log_prob, inputs["advantages"], mask, _AGG, clip, weights)
+    return loss

@@ -16,9 +16,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from . import wire
+from . import expiry, wire
 from .futures import Futures
 from .sampling import Sampler
+from .sessions import Sessions
 from .training import TrainingModel
 
 OWNER = "rft"  # the `model_owner` of every training run: one API key, one owner
@@ -50,7 +51,7 @@ class TinkerServer:
         self.api_key = api_key
         self.futures = Futures()
         self.sampler = sampler or Sampler()  # explorer_sampler.ExplorerSampler: the service-backed mode
-        self.sessions: dict[str, int] = {}
+        self.sessions = Sessions()
         self.models: dict[str, TrainingModel] = {}
         self.sampling: dict[str, tuple[str, str, Path | None]] = {}
         self.sampler_info: dict[str, dict[str, Any]] = {}  # GET /samplers/<id>
@@ -80,14 +81,15 @@ class TinkerServer:
                 f"path {tinker_path!r}: expected tinker://<model_id>/<weights|sampler_weights>/<name>"
             )
         folder = self.checkpoint_dir.joinpath(*parts)
+        if folder.is_dir() and expiry.expired(folder):  # its TTL ran out: gone, as if deleted
+            shutil.rmtree(folder)
         if not folder.is_dir():
             raise UserError(f"no checkpoint at {tinker_path} ({folder} is missing)")
         return parts[0], folder
 
     # ---- queued work
     def create_model(self, body: dict[str, Any]) -> dict[str, Any]:
-        if body.get("session_id") not in self.sessions:
-            raise UserError(f"unknown session_id {body.get('session_id')!r}")
+        self.sessions.live(body.get("session_id"))  # unknown or finished: a SessionError
         folder = self.folder(body["base_model"])
         lora = body.get("lora_config") or None
         model_id = f"{body['session_id']}:train:{int(body.get('model_seq_id') or 0)}"  # the SDK's own form
@@ -113,7 +115,9 @@ class TinkerServer:
         if "/" in name:
             raise UserError(f"path {name!r}: a checkpoint name, without '/'")
         folder = self.checkpoint_dir / model.model_id / kind / name
+        expiry.check_ttl(body.get("ttl_seconds"))
         model.save(folder, with_optimizer=kind == "weights")
+        expiry.set_ttl(folder, body.get("ttl_seconds"))
         path = f"tinker://{model.model_id}/{kind}/{name}"
         if kind == "sampler_weights":
             self.sampler.saved(model.folder, path, model.full_state, named=True)
@@ -145,6 +149,10 @@ class TinkerServer:
         out = []
         for seg, kind in KINDS.items():
             for folder in sorted(p for p in (run / seg).glob("*") if (p / "trainer.pt").is_file()):
+                if expiry.expired(folder):
+                    shutil.rmtree(folder)
+                    continue
+                expires = expiry.expires_at(folder)
                 out.append(
                     {
                         "checkpoint_id": f"{seg}/{folder.name}",
@@ -152,6 +160,7 @@ class TinkerServer:
                         "time": _iso((folder / "trainer.pt").stat().st_mtime),
                         "tinker_path": f"tinker://{run_id}/{seg}/{folder.name}",
                         "size_bytes": sum(f.stat().st_size for f in folder.iterdir() if f.is_file()),
+                        "expires_at": None if expires is None else _iso(expires),
                     }
                 )
         return sorted(out, key=lambda c: c["time"])
@@ -180,13 +189,26 @@ class TinkerServer:
             "last_sampler_checkpoint": newest.get("sampler"),
         }
 
-    def training_runs(self, limit: int, offset: int) -> dict[str, Any]:
-        """A page of runs, the most recently used first, with Tinker's cursor."""
+    def _run_ids(self) -> set[str]:
+        """This process's training clients and the runs with a folder in the checkpoint directory."""
         ids = set(self.models)
         if self.checkpoint_dir.is_dir():
             ids |= {p.name for p in self.checkpoint_dir.iterdir() if p.is_dir()}
+        return ids
+
+    def user_checkpoints(self, limit: int, offset: int) -> dict[str, Any]:
+        """A page of every run's checkpoints, the newest first, with Tinker's cursor."""
+        found = []
+        for run_id in self._run_ids():
+            found += self.checkpoints(run_id)
+        found.sort(key=lambda c: c["time"], reverse=True)
+        page = found[offset : offset + limit] if limit > 0 else []
+        return {"checkpoints": page, "cursor": {"offset": offset, "limit": limit, "total_count": len(found)}}
+
+    def training_runs(self, limit: int, offset: int) -> dict[str, Any]:
+        """A page of runs, the most recently used first, with Tinker's cursor."""
         runs = []
-        for run_id in ids:
+        for run_id in self._run_ids():
             try:
                 runs.append(self.training_run(run_id))
             except NotFound:  # a folder whose checkpoints were all deleted
@@ -206,6 +228,14 @@ class TinkerServer:
         except UserError as exc:
             raise NotFound(str(exc)) from exc
         shutil.rmtree(folder)
+
+    def set_ttl(self, run_id: str, checkpoint_id: str, ttl_seconds: int | None) -> None:
+        """`set_checkpoint_ttl`: expire the checkpoint `ttl_seconds` from now (None: never)."""
+        try:
+            _, folder = self.path(f"tinker://{run_id}/{checkpoint_id}")
+        except UserError as exc:
+            raise NotFound(str(exc)) from exc
+        expiry.set_ttl(folder, ttl_seconds)
 
     def weights_info(self, tinker_path: str) -> dict[str, Any]:
         """Base model and LoRA rank of a saved checkpoint (the SDK's `WeightsInfoResponse`)."""

@@ -1,6 +1,8 @@
 """A `rft serve tinker` subprocess on a free port, on the repository's tiny model, for the SDK tests.
 
 Base model `tiny` trains a LoRA adapter, `tiny-full` (the same folder) every weight; one torch thread.
+The same folder is also served as `Qwen/Qwen3-8B-Base`, the hub name `tinker-cookbook`'s sl_loop is
+given (test_tinker_cookbook.py): the cookbook picks its renderer from that name.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import pytest
 from tests.support.rft_run import ROOT, env, poll_until, tiny_model
 
 API_KEY = "tml-rft-test"
+COOKBOOK_MODEL = "Qwen/Qwen3-8B-Base"
 
 
 def start_server(work: Path, port: int = 0, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
@@ -27,7 +30,8 @@ def start_server(work: Path, port: int = 0, *extra: str) -> tuple[subprocess.Pop
     argv = [
         sys.executable, "-m", "tinker_api", "--port", str(port), "--port-file", str(port_file),
         "--api-key", API_KEY, "--base-model", f"tiny={folder}", "--base-model", f"tiny-full={folder}",
-        "--full", "tiny-full", "--threads", "1", "--checkpoint-dir", str(work / "checkpoints"), *extra,
+        "--base-model", f"{COOKBOOK_MODEL}={folder}", "--full", "tiny-full", "--threads", "1",
+        "--checkpoint-dir", str(work / "checkpoints"), *extra,
     ]  # fmt: skip
     with (work / "server.log").open("ab") as log:
         proc = subprocess.Popen(argv, cwd=ROOT, env=env(), stdout=log, stderr=subprocess.STDOUT)

@@ -1,9 +1,11 @@
 """The official `tinker` SDK against `rft serve tinker`: every supported route, the error paths, the
-RestClient's training runs and checkpoints, and an SDK-only SFT-then-RL loop on the quickstart's
-arithmetic task that must raise the reward."""
+RestClient's training runs and checkpoints, sampling through the `retrieve_futures` poll with cloned
+sampling clients, an abandoned sample cancelled, sessions and their finish, and an SDK-only
+SFT-then-RL loop on the quickstart's arithmetic task that must raise the reward."""
 
 from __future__ import annotations
 
+import pickle
 from datetime import datetime, timedelta, timezone
 
 import httpx
@@ -13,7 +15,7 @@ import tinker
 from tinker import types
 
 from services.common.modeling import load_tokenizer
-from tests.support.rft_run import tiny_model
+from tests.support.rft_run import poll_until, tiny_model
 from tests.support.tinker_loop import sft_then_rl
 
 from .conftest import API_KEY
@@ -89,6 +91,7 @@ def test_every_supported_route_through_the_sdk(tinker_url: str) -> None:
         ("importance_sampling", {}),
         ("ppo", {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}),
         ("cispo", {}),
+        ("gspo", {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}),
         ("dro", {"beta": 0.1}),
     ):
         d = datum()
@@ -96,10 +99,14 @@ def test_every_supported_route_through_the_sdk(tinker_url: str) -> None:
         d.loss_fn_inputs.pop("weights")
         d.loss_fn_inputs["logprobs"] = types.TensorData.from_numpy(trained.astype(np.float32))
         d.loss_fn_inputs["advantages"] = types.TensorData.from_numpy(np.full(n, 0.5, dtype=np.float32))
+        if loss == "gspo":  # the sequence ratio over the sampled tokens: all but the first here
+            ratio_mask = np.ones(n, dtype=np.float32)
+            ratio_mask[0] = 0.0
+            d.loss_fn_inputs["sequence_ratio_mask"] = types.TensorData.from_numpy(ratio_mask)
         out = tc.forward_backward([d], loss, loss_fn_config=extra or None).result()
-        # at ratio 1 (the sampler's log-probs are the current ones) IS and PPO are -sum(A); CISPO and
-        # DRO weigh log p by A (the clip at 1 and the penalty at 0)
-        want = -0.5 * n if loss in ("importance_sampling", "ppo") else -0.5 * float(trained.sum())
+        # at ratio 1 (the sampler's log-probs are the current ones) IS, PPO and GSPO (its sequence
+        # ratio too) are -sum(A); CISPO and DRO weigh log p by A (the clip at 1 and the penalty at 0)
+        want = -0.5 * n if loss in ("importance_sampling", "ppo", "gspo") else -0.5 * float(trained.sum())
         assert out.metrics["loss:sum"] == pytest.approx(want, rel=1e-4)
 
 
@@ -110,8 +117,8 @@ def test_errors_reach_the_sdk_clearly(tinker_url: str) -> None:
     with pytest.raises(tinker.RequestFailedError, match="base_model 'no-such-model' is neither"):
         sc.create_lora_training_client(base_model="no-such-model", rank=4).result()
     tc = sc.create_lora_training_client(base_model="tiny", rank=4).result()
-    with pytest.raises(tinker.RequestFailedError, match=r"loss_fn 'gspo' is not supported.*cross_entropy"):
-        tc.forward_backward([datum()], "gspo").result()
+    with pytest.raises(tinker.RequestFailedError, match=r"loss_fn 'stable_reinforce' is not supported.*gspo"):
+        tc.forward_backward([datum()], "stable_reinforce").result()
     short = datum(weights=[1.0, 1.0])
     with pytest.raises(tinker.RequestFailedError, match=r"\['weights'\] has 2 values for 5 input tokens"):
         tc.forward_backward([short], "cross_entropy").result()
@@ -129,7 +136,7 @@ def test_errors_reach_the_sdk_clearly(tinker_url: str) -> None:
     assert r.status_code == 404 and "unknown or expired future" in r.json()["detail"]
     # a route we do not serve: the SDK raises with our message, not a 500
     with pytest.raises(tinker.NotFoundError, match="not supported by rft serve tinker"):
-        sc.create_rest_client().list_user_checkpoints().result()
+        sc.create_rest_client().publish_checkpoint_from_tinker_path("tinker://run/weights/x").result()
 
 
 def test_rest_client_training_runs_and_checkpoints(tinker_url: str) -> None:
@@ -139,7 +146,7 @@ def test_rest_client_training_runs_and_checkpoints(tinker_url: str) -> None:
     tc.forward_backward([datum()], "cross_entropy").result()
     tc.optim_step(types.AdamParams(learning_rate=1e-3)).result()
     state = tc.save_state("a").result().path
-    sampler = tc.save_weights_for_sampler("s").result().path
+    sampler = tc.save_weights_for_sampler("s", ttl_seconds=7200).result().path
     rest = sc.create_rest_client()
 
     runs = rest.list_training_runs(limit=100).result()
@@ -159,6 +166,23 @@ def test_rest_client_training_runs_and_checkpoints(tinker_url: str) -> None:
     kinds = {c.tinker_path: (c.checkpoint_type, c.checkpoint_id) for c in listed}
     assert kinds == {state: ("training", "weights/a"), sampler: ("sampler", "sampler_weights/s")}
     assert all(c.size_bytes > 0 for c in listed)
+    # TTLs: the save's, then set_checkpoint_ttl's; None removes it; outside an hour..ten years: refused
+    expiries = {c.tinker_path: c.expires_at for c in listed}
+    assert expiries[state] is None
+    assert abs(expiries[sampler] - datetime.now(timezone.utc) - timedelta(hours=2)) < timedelta(minutes=1)
+    rest.set_checkpoint_ttl_from_tinker_path(state, 3600).result()
+    rest.set_checkpoint_ttl_from_tinker_path(sampler, None).result()
+    expiries = {c.tinker_path: c.expires_at for c in rest.list_checkpoints(run_id).result().checkpoints}
+    assert expiries[sampler] is None
+    assert abs(expiries[state] - datetime.now(timezone.utc) - timedelta(hours=1)) < timedelta(minutes=1)
+    with pytest.raises(tinker.BadRequestError, match="ttl_seconds 60: between 3600"):
+        rest.set_checkpoint_ttl_from_tinker_path(state, 60).result()
+    with pytest.raises(tinker.NotFoundError, match="no checkpoint at"):
+        rest.set_checkpoint_ttl_from_tinker_path(f"tinker://{run_id}/weights/nope", 3600).result()
+    mine = rest.list_user_checkpoints(limit=1000).result()  # every run's, the newest first
+    everyone = [c.tinker_path for c in mine.checkpoints]
+    assert {state, sampler} <= set(everyone) and everyone.index(sampler) < everyone.index(state)
+    assert mine.cursor.total_count == len(everyone)
     info = rest.get_weights_info_by_tinker_path(state).result()
     assert (info.base_model, info.is_lora, info.lora_rank) == ("tiny", True, 4)
 
@@ -182,3 +206,75 @@ def test_sdk_only_rl_loop_raises_the_quickstart_reward(tinker_url: str) -> None:
     )
     print(out)
     assert out["gain"] >= 0.3, out
+
+
+def test_sampling_clients_poll_retrieve_futures_and_sessions_finish(tinker_url: str) -> None:
+    sc = tinker.ServiceClient(base_url=tinker_url, api_key=API_KEY, user_metadata={"run": "t"})
+    assert sc.holder.get_client_config().sample_use_retrieve_futures  # the server turns the poll on
+    tc = sc.create_lora_training_client(base_model="tiny", rank=4).result()
+    sampler = sc.create_sampling_client(base_model="tiny").result()
+    params = types.SamplingParams(max_tokens=3, temperature=1.0, seed=5)
+    prompt = types.ModelInput.from_ints(TOKENS[:3])
+    futures = [sampler.sample(prompt, 2, params) for _ in range(4)]  # one retrieve_futures poll for all
+    results = [f.result() for f in futures]
+    assert all(len(r.sequences) == 2 and r.sequences[0].tokens for r in results)
+    # each result, once fetched, is reported retrieved on the next poll, and the server drops it
+    fetched = results[0].sequences[0].sequence_id.rsplit("-", 1)[0]
+    headers = {"X-API-Key": API_KEY}
+
+    def gone() -> bool:
+        r = httpx.post(f"{tinker_url}/api/v1/retrieve_future", json={"request_id": fetched}, headers=headers)
+        return r.status_code == 404
+
+    poll_until(gone, 30, f"the server dropping the retrieved result {fetched}")
+    # the route itself: nothing new after the client's cursor; an unknown sampling session is a 404
+    sid = sampler._sampling_session_id
+    poll = {"target": {"sampling_session_id": sid}, "prev_cursor": 10**6, "timeout": 0}
+    r = httpx.post(f"{tinker_url}/api/v1/retrieve_futures", json=poll, headers=headers)
+    assert r.json() == {"completions": [], "cursor": 10**6}
+    poll["target"] = {"sampling_session_id": "sampling-nope"}
+    r = httpx.post(f"{tinker_url}/api/v1/retrieve_futures", json=poll, headers=headers)
+    assert r.status_code == 404 and "unknown sampling_session_id" in r.json()["detail"]
+
+    # clones of the sampling client (pickled, or rebuilt from its handle) join for their own clone ids
+    clones = [pickle.loads(pickle.dumps(sampler)), tinker.SamplingClient.from_sampler_handle(
+        sampler.get_sampler_handle(), api_key=API_KEY)]  # fmt: skip
+    for clone in clones:
+        assert len(clone.sample(prompt, 1, params).result().sequences) == 1
+    assert sorted(c._cloned_sampler_id for c in clones) == [1, 2]
+
+    rest = tinker.RestClient(base_url=tinker_url, api_key=API_KEY)
+    session_id = sc.holder.get_session_id()
+    got = rest.get_session(session_id).result()
+    assert got.training_run_ids == [tc.get_info().model_id] and got.sampler_ids == [sid]
+    assert got.user_metadata == {"run": "t"}
+    assert session_id in rest.list_sessions(limit=100).result().sessions
+    sc.close("success").result()  # POST sessions/<id>/finish: no new clients in that session
+    body = {"session_id": session_id, "sampling_session_seq_id": 9, "base_model": "tiny"}
+    r = httpx.post(f"{tinker_url}/api/v1/create_sampling_session", json=body, headers=headers)
+    assert r.status_code == 400 and f"session {session_id!r} is finished (success)" in r.json()["detail"]
+    with pytest.raises(tinker.NotFoundError, match="unknown session 'session-nope'"):
+        rest.get_session("session-nope").result()
+
+
+def test_an_abandoned_queued_sample_is_cancelled(tinker_url: str) -> None:
+    sc = service(tinker_url)
+    sampler = sc.create_sampling_client(base_model="tiny").result()
+    headers = {"X-API-Key": API_KEY}
+    # the one worker kept busy: a long sample, queued (the POST returns once it is) before the SDK's
+    busy = {"sampling_session_id": sampler._sampling_session_id, "seq_id": 999_999_999, "num_samples": 64,
+            "prompt": {"chunks": [{"type": "encoded_text", "tokens": TOKENS[:3]}]},
+            "sampling_params": {"max_tokens": 128, "temperature": 1.0, "seed": 1}}  # fmt: skip
+    blocker = httpx.post(f"{tinker_url}/api/v1/asample", json=busy, headers=headers).json()["request_id"]
+    future = sampler.sample(types.ModelInput.from_ints(TOKENS[:3]), 1, types.SamplingParams(max_tokens=2))
+    # the SDK has its request id once its poller waits on it; abandoning the future sends cancel_future
+    poll_until(lambda: sampler._futures_poller and sampler._futures_poller._events, 30, "the SDK's wait")
+    future.future().cancel()
+    poll = {"target": {"sampling_session_id": sampler._sampling_session_id}, "prev_cursor": 0, "timeout": 20}
+    done = httpx.post(f"{tinker_url}/api/v1/retrieve_futures", json=poll, headers=headers).json()
+    assert [c["state"] for c in done["completions"]] == ["failed"]  # dropped before it ran
+    cancelled = done["completions"][0]["request_id"]
+    r = httpx.post(f"{tinker_url}/api/v1/retrieve_future", json={"request_id": cancelled}, headers=headers)
+    assert r.json()["error"] == f"request {cancelled} was cancelled (cancel_future)"
+    r = httpx.post(f"{tinker_url}/api/v1/retrieve_future", json={"request_id": blocker}, headers=headers)
+    assert r.headers["content-type"] == "application/x-protobuf"  # the busy sample's result: it ran

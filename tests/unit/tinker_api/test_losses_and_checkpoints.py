@@ -4,13 +4,15 @@ runs a restarted server finds in its checkpoint directory."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
 
 from services.common.modeling import load_model
 from tests.support.rft_run import tiny_model
-from tinker_api import losses
+from tinker_api import expiry, losses
 from tinker_api.server import NotFound, TinkerServer
 from tinker_api.training import TrainingModel
 from tinker_api.wire import Datum, FwdBwd
@@ -55,10 +57,34 @@ def test_losses_are_tinkers_formulas_summed_over_tokens() -> None:
     losses.check("cispo", {"clip_high_threshold": 2.0})
     with pytest.raises(losses.LossError, match=r"'dro' needs \['beta'\]"):
         losses.check("dro", {})
-    with pytest.raises(losses.LossError, match="'gspo' is not supported"):
-        losses.check("gspo", {})
+    with pytest.raises(losses.LossError, match="'stable_reinforce' is not supported"):
+        losses.check("stable_reinforce", {})
     with pytest.raises(losses.LossError, match=r"unknown keys \['beta'\]"):
         losses.check("ppo", {"beta": 1.0})
+
+
+def test_gspo_is_tinkers_sequence_ratio_formula_summed_over_tokens() -> None:
+    lp, inp, mask = _inputs()
+    ratio_mask = mask.clone()
+    ratio_mask[:, 0] = 0  # the prompt's last position: outside the sequence ratio
+    inp["sequence_ratio_mask"] = ratio_mask
+    a = inp["advantages"]
+    # the formula written out: s_i = exp(mean over the ratio mask of (log p - sampler log p)) per row
+    log_s = ((lp - inp["logprobs"]) * ratio_mask).sum(-1) / ratio_mask.sum(-1)
+    s = torch.exp(log_s).unsqueeze(-1).expand_as(lp)
+    for low, high in ((0.9997, 1.0004), (0.8, 1.25)):
+        config = {"clip_low_threshold": low, "clip_high_threshold": high}
+        g = lp.clone().requires_grad_(True)
+        loss, metrics = losses.compute("gspo", config, g, inp, mask)
+        want = (-torch.minimum(s * a, s.clamp(low, high) * a) * mask).sum()
+        assert loss.item() == pytest.approx(want.item(), rel=1e-5)
+        assert metrics["loss:sum"] == pytest.approx(want.item(), rel=1e-5)
+        loss.backward()
+        # each token: the sequence ratio's value times its own log p's gradient, zero where clipped
+        unclipped = (s * a <= s.clamp(low, high) * a).float()
+        assert torch.allclose(g.grad, -a * s * unclipped * mask, atol=1e-5)
+    assert 0 < (unclipped * mask).sum() < mask.sum()  # the wide range clips some tokens, not all
+    losses.check("gspo", {"clip_high_threshold": 1.2})
 
 
 @pytest.mark.parametrize("rank", [8, None])
@@ -99,6 +125,15 @@ def test_a_restarted_server_lists_the_runs_its_checkpoints_name(tmp_path) -> Non
             server.checkpoints("..")
         with pytest.raises(NotFound, match="expected weights/<name>"):
             server.delete_checkpoint("old", "other/c1")
+        # a TTL that ran out (its expiry time, kept in the folder, now past): gone when next read
+        TrainingModel("old", "tiny", str(tiny_model()), 4).save(tmp_path / "old" / "weights" / "c2", True)
+        server.set_ttl("old", "weights/c2", 3600)
+        assert server.checkpoints("old")[-1]["expires_at"] is not None
+        (tmp_path / "old" / "weights" / "c2" / expiry.FILE).write_text(str(time.time() - 1))
+        assert [c["checkpoint_id"] for c in server.checkpoints("old")] == ["weights/c1"]
+        assert not (tmp_path / "old" / "weights" / "c2").exists()
+        with pytest.raises(expiry.TtlError, match="between 3600"):
+            server.set_ttl("old", "weights/c1", 10**10)
         server.delete_checkpoint("old", "weights/c1")
         assert server.training_runs(limit=20, offset=0)["cursor"]["total_count"] == 0
     finally:
