@@ -29,8 +29,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "protos")]
 
 import torch  # noqa: E402
 
+from launcher.tiny_model import make_tiny_model  # noqa: E402
 from services.common.config import RFTConfig, resolve  # noqa: E402
-from services.common.tiny_model import make_tiny_model  # noqa: E402
 from services.explorer.engines.hf import HFEngine  # noqa: E402
 
 

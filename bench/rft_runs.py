@@ -46,8 +46,8 @@ def warm_model(
     (prompt + answer + EOS, loss on the answer), as the quickstart's SFT stage does."""
     import torch
 
+    from launcher.tiny_model import make_tiny_model
     from services.common.modeling import load_model, load_tokenizer
-    from services.common.tiny_model import make_tiny_model
 
     base = out_dir / "base"
     if not (base / "config.json").exists():

@@ -110,7 +110,7 @@ def main() -> int:
     steps = 3 if args.quick else args.steps
     if args.quick:
         args.rounds = 1
-    from services.common.tiny_model import make_tiny_model
+    from launcher.tiny_model import make_tiny_model
 
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)

@@ -60,9 +60,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "protos"))
 
+from launcher.tiny_model import build_tokenizer, make_tiny_model  # noqa: E402
 from services.common.experience import Experience, ExperienceId  # noqa: E402
 from services.common.modeling import load_model  # noqa: E402
-from services.common.tiny_model import build_tokenizer, make_tiny_model  # noqa: E402
 from services.trainer.collate import collate  # noqa: E402
 from services.trainer.distributed import ensure_process_group  # noqa: E402
 from services.trainer.engine import FSDPEngine  # noqa: E402

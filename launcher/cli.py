@@ -333,7 +333,7 @@ def make_tiny_model_cmd(
     force: Annotated[bool, typer.Option(help="overwrite an existing model folder")] = False,
 ) -> None:
     """Write a real HF model folder (small Qwen2, random weights, locally trained tokenizer) to OUT_DIR."""
-    from services.common.tiny_model import SIZES, make_tiny_model
+    from launcher.tiny_model import SIZES, make_tiny_model
 
     if size not in SIZES:
         typer.echo(f"--size {size!r} is not one of {', '.join(SIZES)}", err=True)

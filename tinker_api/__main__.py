@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import uvicorn
 
-from services.common.tiny_model import make_tiny_model
+from launcher.tiny_model import make_tiny_model
 
 from .app import build_app
 from .sampling import Sampler

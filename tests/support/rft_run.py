@@ -63,7 +63,7 @@ def tiny_model() -> Path:
     """The repository's tiny model (made once, as scripts/quickstart.sh does)."""
     if (TINY_MODEL / "config.json").exists():
         return TINY_MODEL
-    from services.common.tiny_model import make_tiny_model
+    from launcher.tiny_model import make_tiny_model
     from tests.support.file_lock import file_lock
 
     with file_lock(TINY_MODEL.parent / ".tiny.lock"):  # test workers may ask at once

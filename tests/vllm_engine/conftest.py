@@ -22,7 +22,7 @@ import pytest
 import pytest_asyncio
 import torch
 
-from services.common.tiny_model import make_tiny_model
+from launcher.tiny_model import make_tiny_model
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 ON_GPU = torch.cuda.is_available()

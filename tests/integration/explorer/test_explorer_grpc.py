@@ -14,13 +14,13 @@ import pytest
 import torch
 from rft.v1 import explorer_pb2, explorer_pb2_grpc
 
+from launcher.tiny_model import make_tiny_model
 from services.buffer.service import build_core as build_buffer_core
 from services.buffer.servicer import registration as buffer_registration
 from services.common.buffer_client import BufferClient
 from services.common.config import load_config
 from services.common.experience import experiences_equal, from_proto
 from services.common.rpc import create_channel, start_server
-from services.common.tiny_model import make_tiny_model
 from services.explorer.service import build_core
 from services.explorer.servicer import ExplorerServicer, registration
 from services.explorer.sink import BufferSink

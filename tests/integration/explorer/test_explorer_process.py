@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from launcher.tiny_model import make_tiny_model
 from services.common.modeling import load_model
-from services.common.tiny_model import make_tiny_model
 from services.explorer.workflows.arithmetic import make_arithmetic_rows
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -16,9 +16,9 @@ import pytest
 import torch
 from rft.v1 import explorer_pb2, explorer_pb2_grpc
 
+from launcher.tiny_model import make_tiny_model
 from services.common.config import load_config
 from services.common.rpc import create_channel, start_server
-from services.common.tiny_model import make_tiny_model
 from services.explorer.serve import responses
 from services.explorer.serve.endpoint import Endpoint
 from services.explorer.service import build_core

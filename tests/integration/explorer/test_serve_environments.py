@@ -13,8 +13,8 @@ import openai
 import pytest
 import torch
 
+from launcher.tiny_model import make_tiny_model
 from services.common.config import load_config
-from services.common.tiny_model import make_tiny_model
 from services.explorer.serve.endpoint import Endpoint
 from services.explorer.service import build_core
 from services.explorer.sink import ListSink

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from services.common.tiny_model import make_tiny_model
+from launcher.tiny_model import make_tiny_model
 from services.explorer.workflows.arithmetic import make_arithmetic_rows
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -11,8 +11,8 @@ import asyncio
 import pytest
 import torch
 
+from launcher.tiny_model import make_tiny_model
 from services.common.modeling import load_model
-from services.common.tiny_model import make_tiny_model
 from services.weight_sync import sync_method, weights_digest
 from services.weight_sync.methods.builtin import MemoryFetch
 

@@ -9,8 +9,8 @@ import grpc
 import pytest
 import torch
 
+from launcher.tiny_model import make_tiny_model
 from services.common.modeling import load_model
-from services.common.tiny_model import make_tiny_model
 from services.weight_sync import (
     CheckpointStore,
     WeightSyncError,

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.common.tiny_model import make_tiny_model
+from launcher.tiny_model import make_tiny_model
 from services.trainer.checkpoint import MARKER, SaveFailed
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from services.common.tiny_model import make_tiny_model
+from launcher.tiny_model import make_tiny_model
 from services.trainer.checkpoint import find_latest
 from services.trainer.collate import collate
 from services.trainer.distributed import ensure_process_group

@@ -11,11 +11,11 @@ import pytest
 import torch
 from rft.v1 import common_pb2, trainer_pb2, trainer_pb2_grpc
 
+from launcher.tiny_model import make_tiny_model
 from services.buffer.service import build as build_buffer
 from services.common.buffer_client import BufferClient
 from services.common.rpc.client import create_channel
 from services.common.rpc.server import start_server
-from services.common.tiny_model import make_tiny_model
 from services.trainer.distributed import ensure_process_group
 from services.trainer.engine import FSDPEngine
 from services.trainer.service import build_core

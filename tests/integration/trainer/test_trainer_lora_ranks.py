@@ -13,7 +13,7 @@ import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 from transformers import AutoModelForCausalLM
 
-from services.common.tiny_model import make_tiny_model
+from launcher.tiny_model import make_tiny_model
 from services.trainer.distributed import free_port
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.distributed.tensor import DTensor
 
-from services.common.tiny_model import make_tiny_model
+from launcher.tiny_model import make_tiny_model
 from services.trainer.collate import collate
 from services.trainer.distributed import ensure_process_group
 from services.trainer.engine import FSDPEngine

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.common.tiny_model import make_tiny_model
+from launcher.tiny_model import make_tiny_model
 from services.trainer.distributed import free_port
 from services.trainer.nodes import node_place
 from tests.support.rft_run import ROOT, env, poll_until

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from services.common.tiny_model import make_tiny_model
+from launcher.tiny_model import make_tiny_model
 from services.trainer.distributed import free_port
 
 pytestmark = pytest.mark.slow

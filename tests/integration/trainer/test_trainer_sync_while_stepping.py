@@ -12,8 +12,8 @@ import time
 import pytest
 import torch
 
+from launcher.tiny_model import make_tiny_model
 from services.common.collective_lock import collective_lock, issuing_collectives
-from services.common.tiny_model import make_tiny_model
 from services.trainer.core import TrainerCore
 from services.trainer.distributed import ensure_process_group
 from services.trainer.engine import FSDPEngine

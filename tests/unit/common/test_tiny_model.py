@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from launcher.tiny_model import make_tiny_model
 from services.common.modeling import ModelLoadError, load_model, load_tokenizer
-from services.common.tiny_model import make_tiny_model
 
 
 @pytest.fixture(scope="module")

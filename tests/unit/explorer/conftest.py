@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.common.tiny_model import make_tiny_model
+from launcher.tiny_model import make_tiny_model
 
 
 @pytest.fixture(scope="session", autouse=True)

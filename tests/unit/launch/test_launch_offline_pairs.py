@@ -7,10 +7,10 @@ import pytest
 import yaml
 
 from launcher.offline_data import build_experiences
+from launcher.tiny_model import make_tiny_model
 from services.common.config import FormatConfig, load_config
 from services.common.experience import from_proto, to_proto
 from services.common.modeling import load_tokenizer
-from services.common.tiny_model import make_tiny_model
 
 
 def test_pair_rows_become_pair_experiences(tmp_path):

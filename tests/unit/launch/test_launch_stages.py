@@ -15,8 +15,8 @@ from launcher.offline_data import build_experiences, epochs_needed
 from launcher.progress import MetricsTail
 from launcher.stages import WAVES, child_env, effective_tree, run_stages
 from launcher.summary import run_summary, stage_summary
+from launcher.tiny_model import make_tiny_model
 from services.common.config import load_config, resolve, validate_tree
-from services.common.tiny_model import make_tiny_model
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -9,8 +9,8 @@ import dataclasses
 import pytest
 import torch
 
+from launcher.tiny_model import make_tiny_model
 from services.common.modeling import load_model
-from services.common.tiny_model import make_tiny_model
 from services.trainer.actor import policy_forward
 from services.trainer.chunked_logprobs import supports_hidden_path
 from services.trainer.collate import ModelShape, collate, model_inputs

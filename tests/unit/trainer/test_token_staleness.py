@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from launcher.tiny_model import make_tiny_model
 from services.common.experience import Experience
-from services.common.tiny_model import make_tiny_model
 from services.trainer.algorithms.rollout_correction import (
     RolloutISConfig,
     compute_rollout_importance_weights,

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from launcher.tiny_model import make_tiny_model
 from services.buffer.validation import ValidationError, validate_experience
 from services.common.experience import batch_from_proto, batch_to_proto
-from services.common.tiny_model import make_tiny_model
 from services.trainer.collate import collate
 from services.trainer.distributed import ensure_process_group
 from services.trainer.engine import FSDPEngine

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 import torch
 
-from services.common.tiny_model import make_tiny_model
+from launcher.tiny_model import make_tiny_model
 from services.trainer.collate import collate
 from services.trainer.distributed import DistInfo, ensure_process_group
 from services.trainer.engine import FSDPEngine

@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 import torch
 
+from launcher.tiny_model import make_tiny_model
 from services.common.modeling import load_model
-from services.common.tiny_model import make_tiny_model
 from services.trainer.actor import policy_forward
 from services.trainer.collate import ModelShape, collate, layout_flops, model_inputs, pack, pad
 from tests.support.trainer_data import make_experiences

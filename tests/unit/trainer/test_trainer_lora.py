@@ -11,8 +11,8 @@ from peft import PeftModel
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from launcher.tiny_model import make_tiny_model
 from services.common.config import ConfigError, load_config
-from services.common.tiny_model import make_tiny_model
 from services.trainer.collate import collate
 from services.trainer.distributed import ensure_process_group
 from services.trainer.engine import FSDPEngine

@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch.distributed.fsdp import FSDPModule
 
+from launcher.tiny_model import make_tiny_model
 from services.common.modeling import load_model
-from services.common.tiny_model import make_tiny_model
 from services.trainer.collate import collate
 from services.trainer.distributed import ensure_process_group
 from services.trainer.engine import FSDPEngine

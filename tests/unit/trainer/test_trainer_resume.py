@@ -11,9 +11,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from launcher.tiny_model import make_tiny_model
 from services.common.lineage import experience_uid, read_lineage
 from services.common.modeling import load_tokenizer
-from services.common.tiny_model import make_tiny_model
 from services.trainer.checkpoint import MARKER, find_latest
 from services.trainer.core import NoBatchError, PreconditionError, TrainerCore, TrainerState
 from services.trainer.distributed import ensure_process_group

@@ -10,10 +10,10 @@ import dataclasses
 import pytest
 import torch
 
+from launcher.tiny_model import make_tiny_model
 from services.common.config import load_config
 from services.common.config.gpus import SHARED_GPU_MARGIN
 from services.common.gpu_memory import cap_cuda_memory, release_cuda_cache
-from services.common.tiny_model import make_tiny_model
 from services.trainer.collate import collate
 from services.trainer.distributed import ensure_process_group
 from services.trainer.engine import FSDPEngine

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from launcher.tiny_model import make_tiny_model
 from services.common.config import resolve
-from services.common.tiny_model import make_tiny_model
 from services.trainer.core import TrainerCore
 from services.trainer.distributed import ensure_process_group
 from services.trainer.engine import FSDPEngine

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from launcher.tiny_model import make_tiny_model
 from services.common.modeling import load_model
-from services.common.tiny_model import make_tiny_model
 from services.trainer import varlen_attention
 from services.trainer.collate import ModelShape
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from launcher.tiny_model import make_tiny_model
 from services.common.modeling import load_model
-from services.common.tiny_model import make_tiny_model
 from services.weight_sync import WeightLoadError, load_weights
 
 
