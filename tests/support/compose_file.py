@@ -1,5 +1,6 @@
 """Reading deploy/'s compose files as `docker compose` does, without Docker, for the static deploy tests
-(tests/unit/deploy): the variables of deploy/.env.example, and compose's variable substitution."""
+(tests/unit/deploy): the variables of deploy/.env.example, compose's variable substitution, and its merge
+of one service across override files."""
 
 from __future__ import annotations
 
@@ -42,3 +43,21 @@ def interpolate(node: Any, env: dict[str, str], used: set[str]) -> Any:
         return arg if op and op.endswith("-") else ""
 
     return _VAR.sub(sub, node.replace("$$", "\0")).replace("\0", "$")
+
+
+def merge_service(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """Compose's merge of one service: mappings merged, `volumes` by target, `ports` concatenated, the
+    rest (command, ...) replaced."""
+    out = dict(base)
+    for key, value in over.items():
+        if key == "volumes":
+            target = lambda v: v["target"] if isinstance(v, dict) else v.split(":")[1]  # noqa: E731
+            kept = [v for v in base.get(key, []) if target(v) not in {target(o) for o in value}]
+            out[key] = kept + value
+        elif key == "ports":
+            out[key] = base.get(key, []) + value
+        elif isinstance(value, dict) and isinstance(base.get(key), dict):
+            out[key] = {**base[key], **value}
+        else:
+            out[key] = value
+    return out

@@ -23,7 +23,7 @@ import yaml
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.common.config import load_config, resolve
-from tests.support.compose_file import env_example, interpolate
+from tests.support.compose_file import env_example, interpolate, merge_service
 from tests.support.docker_engine import compose_cli
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -45,29 +45,11 @@ def used() -> set[str]:
     return names
 
 
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """Compose's merge of one service: mappings merged, `volumes` by target, `ports` concatenated, the
-    rest (command, ...) replaced."""
-    out = dict(base)
-    for key, value in over.items():
-        if key == "volumes":
-            target = lambda v: v["target"] if isinstance(v, dict) else v.split(":")[1]  # noqa: E731
-            kept = [v for v in base.get(key, []) if target(v) not in {target(o) for o in value}]
-            out[key] = kept + value
-        elif key == "ports":
-            out[key] = base.get(key, []) + value
-        elif isinstance(value, dict) and isinstance(base.get(key), dict):
-            out[key] = {**base[key], **value}
-        else:
-            out[key] = value
-    return out
-
-
 @pytest.fixture(scope="module")
 def merged(raw) -> dict[str, dict[str, Any]]:
     """The services of `-f docker-compose.yml -f docker-compose.serve.yml` with .env from .env.example."""
     base = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())
-    services = {n: _merge(s, raw["services"].get(n, {})) for n, s in base["services"].items()}
+    services = {n: merge_service(s, raw["services"].get(n, {})) for n, s in base["services"].items()}
     return interpolate(services, env_example(), set())
 
 

@@ -18,29 +18,12 @@ import pytest
 import yaml
 
 from services.common.config import load_config
-from tests.support.compose_file import env_example, interpolate
+from tests.support.compose_file import env_example, interpolate, merge_service
 from tinker_api.__main__ import parser
 
 ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = ROOT / "deploy"
 FILES = ("docker-compose.yml", "docker-compose.serve.yml", "docker-compose.tinker.yml")
-
-
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """Compose's merge of one service: mappings merged, `volumes` by target, `ports` concatenated."""
-    out = dict(base)
-    for key, value in over.items():
-        if key == "volumes":
-            target = lambda v: v["target"] if isinstance(v, dict) else v.split(":")[1]  # noqa: E731
-            kept = [v for v in base.get(key, []) if target(v) not in {target(o) for o in value}]
-            out[key] = kept + value
-        elif key == "ports":
-            out[key] = base.get(key, []) + value
-        elif isinstance(value, dict) and isinstance(base.get(key), dict):
-            out[key] = {**base[key], **value}
-        else:
-            out[key] = value
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +36,7 @@ def merged() -> dict[str, dict[str, Any]]:
     services: dict[str, dict[str, Any]] = {}
     for name in FILES:
         for svc, body in yaml.safe_load((DEPLOY / name).read_text())["services"].items():
-            services[svc] = _merge(services.get(svc, {}), body)
+            services[svc] = merge_service(services.get(svc, {}), body)
     return interpolate(services, env_example(), set())
 
 
