@@ -5,8 +5,11 @@ of one service across override files."""
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}")
@@ -61,3 +64,23 @@ def merge_service(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
         else:
             out[key] = value
     return out
+
+
+def merged_services(override: Path, what: str) -> dict[str, Any]:
+    """The services of `docker compose --env-file .env.example -f docker-compose.yml -f OVERRIDE config`, as
+    the compose CLI merges them; a loud skip naming `what` when no compose CLI is installed."""
+    import pytest  # a test helper: only the tests that merge need pytest and the CLI
+
+    from tests.support.docker_engine import compose_cli
+
+    cli = compose_cli()
+    if cli is None:
+        pytest.skip(f"!!! neither `docker compose` nor `docker-compose` is installed: the merge of the {what} "
+                    "override was SKIPPED; the structural checks above ran")  # fmt: skip
+    done = subprocess.run(
+        [*cli, "--env-file", str(DEPLOY / ".env.example"), "-f", str(DEPLOY / "docker-compose.yml"),
+         "-f", str(override), "config"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return yaml.safe_load(done.stdout)["services"]

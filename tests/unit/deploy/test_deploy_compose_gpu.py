@@ -6,7 +6,6 @@ and the k8s GPU overlay follow) for the GPU settings of the k8s overlay applied 
 from __future__ import annotations
 
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,7 @@ import yaml
 
 from services.common.config import load_config
 from services.common.config.gpus import gpu_demand, place_gpus
-from tests.support.docker_engine import compose_cli
+from tests.support.compose_file import merged_services
 
 ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = ROOT / "deploy"
@@ -81,17 +80,7 @@ def test_docs_tells_how_to_place_other_splits():
 
 
 def test_compose_merges_the_override_with_the_base_file():
-    cli = compose_cli()
-    if cli is None:
-        pytest.skip("!!! neither `docker compose` nor `docker-compose` is installed: the merge of the GPU "
-                    "override was SKIPPED; the structural checks above ran")  # fmt: skip
-    done = subprocess.run(
-        [*cli, "--env-file", str(DEPLOY / ".env.example"), "-f", str(DEPLOY / "docker-compose.yml"),
-         "-f", str(DEPLOY / "docker-compose.gpu.yml"), "config"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    merged = yaml.safe_load(done.stdout)["services"]
+    merged = merged_services(str(DEPLOY / "docker-compose.gpu.yml"), "GPU")
     assert merged["trainer"]["image"] == "rft-mesh:gpu" and merged["buffer"]["image"] != "rft-mesh:gpu"
     assert _devices(merged["explorer"])["device_ids"] == ["0"]
     assert merged["explorer"]["command"]  # the base file's command is kept

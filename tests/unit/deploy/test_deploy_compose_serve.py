@@ -23,8 +23,7 @@ import yaml
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.common.config import load_config, resolve
-from tests.support.compose_file import env_example, interpolate, merge_service
-from tests.support.docker_engine import compose_cli
+from tests.support.compose_file import env_example, interpolate, merge_service, merged_services
 
 ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = ROOT / "deploy"
@@ -241,17 +240,7 @@ def _published(port: Any) -> tuple[str, int, int]:
 
 
 def test_compose_merges_the_override_with_the_base_file():
-    cli = compose_cli()
-    if cli is None:
-        pytest.skip("!!! neither `docker compose` nor `docker-compose` is installed: the merge of the serve "
-                    "override was SKIPPED; the structural checks above ran")  # fmt: skip
-    done = subprocess.run(
-        [*cli, "--env-file", str(DEPLOY / ".env.example"), "-f", str(DEPLOY / "docker-compose.yml"),
-         "-f", str(OVERRIDE), "config"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    services = yaml.safe_load(done.stdout)["services"]
+    services = merged_services(str(OVERRIDE), "serve")
     for name in RFT_SERVICES:
         mounts = [v for v in services[name]["volumes"] if isinstance(v, dict)]  # v1: "vol:/data:rw" too
         (mount,) = [v for v in mounts if v["target"] == CONFIG_TARGET]

@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 import runpy
 import shlex
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +17,7 @@ import pytest
 import yaml
 
 from services.common.config import load_config
-from tests.support.compose_file import env_example, interpolate
-from tests.support.docker_engine import compose_cli
+from tests.support.compose_file import env_example, interpolate, merged_services
 
 ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = ROOT / "deploy"
@@ -157,17 +155,7 @@ def test_docs_say_how_to_run_the_explorer_on_vllm_cpu():
 
 
 def test_compose_merges_the_override_with_the_base_file():
-    cli = compose_cli()
-    if cli is None:
-        pytest.skip("!!! neither `docker compose` nor `docker-compose` is installed: the merge of the vLLM "
-                    "override was SKIPPED; the structural checks above ran")  # fmt: skip
-    done = subprocess.run(
-        [*cli, "--env-file", str(DEPLOY / ".env.example"), "-f", str(DEPLOY / "docker-compose.yml"),
-         "-f", str(OVERRIDE), "config"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    merged = yaml.safe_load(done.stdout)["services"]
+    merged = merged_services(str(OVERRIDE), "vLLM")
     explorer = merged["explorer"]
     assert explorer["image"] == "rft-mesh:vllm-cpu"
     assert {merged[s]["image"] for s in ("prepare", "synchronizer", "buffer", "trainer")} == {"rft-mesh:cpu"}
