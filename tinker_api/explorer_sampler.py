@@ -21,6 +21,8 @@ from typing import Any
 import httpx
 import torch
 
+from services.common.backoff import Backoff
+
 from .publish import Publisher
 from .sampling import Sampler
 
@@ -106,7 +108,7 @@ class ExplorerSampler(Sampler):
         """Wait until the explorer holds `version`; the seconds waited. Polls `/health` (20 ms
         doubling to 0.5 s) with a deadline `wait_s`."""
         start = time.monotonic()
-        delay = 0.02
+        backoff = Backoff(first=0.02, most=0.5)
         while True:
             held = self.held()
             if held == version:
@@ -122,8 +124,8 @@ class ExplorerSampler(Sampler):
                     f"for version {version} (published by save_weights_for_sampler): is it in mode serve, "
                     "following the same synchronizer? (--explorer-wait sets the wait)"
                 )
-            time.sleep(delay)  # ok-sleep: polling the explorer's /health with a deadline
-            delay = min(delay * 2, 0.5)
+            # polling /health, with a deadline
+            backoff.wait_blocking(self.wait_s - (time.monotonic() - start))
 
     def _post(self, route: str, body: dict[str, Any]) -> dict[str, Any]:
         try:
