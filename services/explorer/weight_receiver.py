@@ -4,8 +4,9 @@
   per rollout worker (an `hf` engine is one worker: rank_offset + i); `receive(version)` takes the next
   broadcast and loads it into every engine as it streams in; `abandon()` (any thread) makes a
   receive in progress give up (the synchronizer called the broadcast off); `teardown(generation)` leaves.
-  An engine that manages its own workers (vLLM) provides `join_weight_group(info, rank_offset) -> ranks`,
-  `receive_weights(version)` and `leave_weight_group()`; it is used instead.
+  An engine that manages its own workers (vLLM) provides `join_weight_group(info, rank_offset, abandon)
+  -> ranks`, `receive_weights(version)`, `abandon_weights()` and `leave_weight_group()`; it is used
+  instead, and carries a join's `abandon` and the receive's abandon to its workers itself.
 - Memory: `load_chunks(chunks)` decodes a complete safetensors chunk stream and loads it.
 Joins and receives block in collectives, so they run in worker threads.
 """
@@ -53,7 +54,7 @@ class WeightReceiver:
             next_rank = rank_offset
             for engine in self.engines:
                 if hasattr(engine, "join_weight_group"):
-                    joins.append(engine.join_weight_group(info, next_rank))
+                    joins.append(engine.join_weight_group(info, next_rank, abandon))
                     next_rank += int(getattr(engine, "workers", 1))
                 else:
                     joins.append(
@@ -97,11 +98,13 @@ class WeightReceiver:
 
     def abandon(self) -> None:
         """Give up the receive in progress: each group's wait raises `StaleGenerationError` within a
-        second (`BroadcastGroup.abandon`). An engine with its own workers (vLLM) gives up at the
-        group's timeout."""
-        for group in self._groups:
+        second (`BroadcastGroup.abandon`); an engine with its own workers (vLLM) tells them
+        (`abandon_weights`)."""
+        for engine, group in zip(self.engines, self._groups, strict=False):
             if group is not None:
                 group.abandon()
+            elif hasattr(engine, "abandon_weights"):
+                engine.abandon_weights()
 
     async def load_chunks(
         self, chunks: AsyncIterable[common_pb2.WeightChunk]

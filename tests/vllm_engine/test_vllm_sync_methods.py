@@ -10,7 +10,8 @@ method's fetch and the sync gate, whose `before_step` fetches the version and lo
 After each load the engine's log-probs on fixed tokens equal the trainer's (the HF model with the same
 weights in float32, within 1e-5) and differ from the old weights'. Covered: `memory` (once also against
 a fresh engine started from a folder holding the same weights), `memory` with the bf16 wire, memory
-deltas, `checkpoint` files and checkpoint deltas, `nccl`, `lora_adapter` (merged layers loaded with
+deltas, `checkpoint` files and checkpoint deltas, `nccl` (and a broadcast the synchronizer calls off
+while the engine's worker waits in it), `lora_adapter` (merged layers loaded with
 strict=False, completed from the model folder), and a load that changes only the input embedding,
 which the tied output layer must follow. Each test puts the folder's weights back (`restore_weights`).
 """
@@ -18,6 +19,7 @@ which the tied output layer must follow. Each test puts the folder's weights bac
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +41,7 @@ from services.synchronizer.settings import SynchronizerSettings
 from services.weight_sync import (
     Receiver,
     Sender,
+    StaleGenerationError,
     TransportOptions,
     make_transport,
     specs_of,
@@ -256,6 +259,33 @@ async def test_nccl_broadcast_into_the_engines_workers(sync_run, vllm_engine, vl
     await assert_engine_holds(
         vllm_engine, hf_model(vllm_model_dir, second), old=hf_model(vllm_model_dir, first)
     )
+
+
+async def test_a_called_off_broadcast_reaches_the_engines_workers(sync_run, vllm_engine, vllm_model_dir):
+    """The trainer is restarted while the engine's worker waits in a broadcast the old trainer will never
+    send (the group's timeout is TIMEOUT_S): the synchronizer calls it off, the explorer's heartbeats see
+    it, and the call-off reaches the worker (vLLM's engine core is blocked in the `collective_rpc` that
+    runs the receive), which gives it up within seconds; the engine keeps its weights and serves."""
+    run = await sync_run("nccl")
+    first = Policy(vllm_model_dir).step(seed=9)
+    await run.publish(first, 1)
+    wait = asyncio.create_task(run.client.wait_for_version(step=3, timeout_s=20))
+    decision = await run.trainer.request_sync(step=2, timeout_s=20)
+    answer = await wait
+    assert decision.accepted and answer.receive_broadcast
+    fetch = asyncio.create_task(run.fetch(answer))  # the explorer's BroadcastFetch over its WeightReceiver
+    while vllm_engine._receiving is None:  # the worker's receive has been sent
+        await asyncio.sleep(0)
+    await run.trainer.register()  # the trainer's new process: the broadcast is over
+    called_off = time.monotonic()
+    with pytest.raises(StaleGenerationError, match="called"):
+        await asyncio.wait_for(fetch, TIMEOUT_S - 10)
+    assert time.monotonic() - called_off < 20
+    assert [e.detail for e in run.core.history if e.kind == "called off"] == [
+        f"generation {decision.generation}: trainer registered again"
+    ]
+    assert vllm_engine.model_version == 1
+    await assert_engine_holds(vllm_engine, hf_model(vllm_model_dir, first))
 
 
 def _adapter(base: Mapping[str, torch.Tensor], seed: int, rank: int = 4, scaling: float = 2.0):

@@ -17,10 +17,11 @@ of a byte-level tokenizer). Weight updates go through a worker extension
 (`vllm_worker.WeightSyncExtension`, the pattern of vLLM's RLHF examples): every worker joins the
 weight-sync broadcast group with its own rank and loads the broadcast tensors, or reads those handed
 over by `load_weights` from a shared-memory safetensors file (weights_shm.py: `collective_rpc`
-arguments must be plain values); the prefix cache is reset after. With `enable_sleep_mode` (on by
-default on a GPU shared with the trainer) the explorer puts the engine to sleep after an explore step's
-generation (`sleep()`: level 1, weights to host memory, KV cache freed) and it wakes before its next
-generation or weight load.
+arguments must be plain values); the prefix cache is reset after. A join or receive the synchronizer
+calls off reaches the workers through a file they watch (`services/weight_sync/member/call_off_file.py`).
+With `enable_sleep_mode` (on by default on a GPU shared with the trainer) the explorer puts the engine
+to sleep after an explore step's generation (`sleep()`: level 1, weights to host memory, KV cache
+freed) and it wakes before its next generation or weight load.
 
 In-flight weight updates (`set_inflight_updates`, explorer.inflight_weight_update), through vLLM's
 pause API as AReaL's interruptible generation: a load does not wait for running requests; it pauses
@@ -39,6 +40,7 @@ import asyncio
 import copy
 import itertools
 import os
+import threading
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager, contextmanager
@@ -57,6 +59,9 @@ from services.explorer.engines.weights_shm import (
     remove_shared_weights,
     write_shared_weights,
 )
+from services.weight_sync import StaleGenerationError
+from services.weight_sync.member.call_off_file import LOOK_S as CALL_OFF_LOOK_S
+from services.weight_sync.member.call_off_file import CallOffFile
 
 WORKER_EXTENSION = "services.explorer.engines.vllm_worker.WeightSyncExtension"
 SLEEP_LEVEL = 1  # weights to host memory, KV cache freed; level 2 would drop weights a subset load keeps
@@ -196,6 +201,8 @@ class VLLMEngine(EngineState):
         self._paused = False  # an in-flight update holds the engine paused (no request may be sent)
         self._resumed = asyncio.Condition()  # notified when an in-flight update ends
         self._stats["inflight_updates"] = 0.0
+        self._call_off = CallOffFile.create()  # a called-off join or receive reaches the workers (module doc)
+        self._receiving: int | None = None  # the token of the receive in progress
 
     @classmethod
     def from_config(
@@ -404,14 +411,59 @@ class VLLMEngine(EngineState):
                     async with self._resumed:
                         self._resumed.notify_all()
 
-    # weight-sync group (used by the explorer's WeightReceiver instead of an in-process group)
-    async def join_weight_group(self, info: Any, rank_offset: int) -> list[int]:
+    # weight-sync group (used by the explorer's WeightReceiver instead of an in-process group); a join
+    # or receive the synchronizer calls off reaches the workers through the call-off file
+    async def join_weight_group(
+        self, info: Any, rank_offset: int, abandon: threading.Event | None = None
+    ) -> list[int]:
+        """Every worker joins with its rank; given up (`StaleGenerationError`) once `abandon` is set."""
         payload = info.to_proto().SerializeToString()
-        return list(await self.llm.collective_rpc("rft_join_group", args=(payload, rank_offset)))
+        token: int = self._call_off.next_token()
+        path = str(self._call_off.path)
+        relay = asyncio.create_task(self._relay(abandon, token)) if abandon is not None else None
+        try:
+            async with self._called_off(token, "join"):
+                ranks = await self.llm.collective_rpc(
+                    "rft_join_group", args=(payload, rank_offset, path, token)
+                )
+                return list(ranks)
+        finally:
+            if relay is not None:
+                relay.cancel()
 
     async def receive_weights(self, version: int) -> None:
-        async with self._update(version):
-            await self.llm.collective_rpc("rft_receive", args=(version,))
+        token: int = self._call_off.next_token()
+        path = str(self._call_off.path)
+        self._receiving = token
+        try:
+            async with self._update(version), self._called_off(token, "receive"):
+                await self.llm.collective_rpc("rft_receive", args=(version, path, token))
+        finally:
+            self._receiving = None
+
+    def abandon_weights(self) -> None:
+        """Give up the receive in progress (any thread): the workers see the call-off within a second
+        and the receive raises `StaleGenerationError`."""
+        token = self._receiving
+        if token is not None:
+            self._call_off.call_off(token)
+
+    async def _relay(self, abandon: threading.Event, token: int) -> None:
+        while not abandon.is_set():
+            await asyncio.sleep(CALL_OFF_LOOK_S)
+        self._call_off.call_off(token)
+
+    @asynccontextmanager
+    async def _called_off(self, token: int, doing: str) -> AsyncIterator[None]:
+        """A worker's failure after the call-off is the call-off (vLLM hands it back as its own error)."""
+        try:
+            yield
+        except Exception as exc:
+            if self._call_off.called_off(token):
+                raise StaleGenerationError(
+                    f"{self.name}: the weight-sync {doing} was called off; its workers gave it up ({exc})"
+                ) from exc
+            raise
 
     async def leave_weight_group(self) -> None:
         await self.llm.collective_rpc("rft_leave")
@@ -442,3 +494,4 @@ class VLLMEngine(EngineState):
 
     async def close(self) -> None:
         self.llm.shutdown()
+        self._call_off.remove()

@@ -20,6 +20,7 @@ No vLLM import here, so the module loads anywhere.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ import torch
 
 from services.explorer.engines.weights_shm import SharedWeights, read_shared_weights
 from services.weight_sync import WeightLoadError
+from services.weight_sync.member.call_off_file import CallOffFile
 
 
 class QuantizedPartialLoadError(RuntimeError):
@@ -40,20 +42,30 @@ class WeightSyncExtension:
 
     _rft_group: Any = None
 
-    def rft_join_group(self, info_bytes: bytes, rank_offset: int) -> int:
+    def rft_join_group(
+        self, info_bytes: bytes, rank_offset: int, call_off_path: str = "", token: int = 0
+    ) -> int:
+        """Join as `rank_offset + worker rank`; given up once the engine calls `token` off in the
+        file at `call_off_path` (the join was superseded)."""
         from rft.v1 import common_pb2
 
         from services.weight_sync import BroadcastGroup, GroupInfo
 
         info = GroupInfo.from_proto(common_pb2.WeightSyncGroupInfo.FromString(info_bytes))
         rank = rank_offset + int(self.rank)  # type: ignore[attr-defined]
-        self._rft_group = BroadcastGroup.join(info, rank, device=self.device)  # type: ignore[attr-defined]
+        device = self.device  # type: ignore[attr-defined]
+        with _watching(call_off_path, token, lambda: None) as abandon:
+            self._rft_group = BroadcastGroup.join(info, rank, device=device, abandon=abandon)
         return rank
 
-    def rft_receive(self, version: int) -> int:
+    def rft_receive(self, version: int, call_off_path: str = "", token: int = 0) -> int:
+        """Receive and load the next broadcast; given up (`StaleGenerationError`) once the engine calls
+        `token` off in the file at `call_off_path` (the synchronizer called the broadcast off)."""
         if self._rft_group is None:
             raise RuntimeError("rft_receive before rft_join_group")
-        return self._rft_load(self._rft_group.receive(version), strict=True)
+        group = self._rft_group
+        with _watching(call_off_path, token, group.abandon):
+            return self._rft_load(group.receive(version), strict=True)
 
     def rft_load_shared(self, payload: SharedWeights) -> int:
         device = self.device  # type: ignore[attr-defined]
@@ -87,6 +99,13 @@ class WeightSyncExtension:
                 "LoRA layers) cannot be completed from its model folder (stored in the quantized format): sync the full state "
                 "dict (a method other than lora_adapter) or use an unquantized model"
             )
+
+
+def _watching(path: str, token: int, on_set: Any) -> contextlib.AbstractContextManager[Any]:
+    """The call-off file's watch for `token`, or nothing to watch (no file named: an abandon of None)."""
+    if not path:
+        return contextlib.nullcontext(None)
+    return CallOffFile(path).watching(token, on_set)
 
 
 def with_folder_rest(

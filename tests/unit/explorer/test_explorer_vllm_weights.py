@@ -10,6 +10,8 @@ is held by scripts/vllm_api_rules.py; the real engine's is tests/vllm_engine."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,7 +24,15 @@ from rft.v1 import common_pb2
 from services.explorer.engines.vllm import VLLMEngine
 from services.explorer.engines.vllm_worker import QuantizedPartialLoadError, WeightSyncExtension, tied_layers
 from services.explorer.engines.weights_shm import read_shared_weights, write_shared_weights
-from services.weight_sync import GroupInfo, TensorSpec, WeightLoadError
+from services.explorer.weight_receiver import WeightReceiver
+from services.weight_sync import (
+    BroadcastGroup,
+    GroupInfo,
+    StaleGenerationError,
+    TensorSpec,
+    WeightLoadError,
+    free_port,
+)
 
 from .fakes import CharTokenizer, sampling
 
@@ -118,7 +128,10 @@ class FakeLLM:
         assert sent == list(args), f"{method}: the transport changed its arguments"
         self.sent.append((method, sent))
         self.files += [a["path"] for a in sent if isinstance(a, dict)]
-        return [getattr(self.worker, method)(*sent) if self.worker is not None else 0]
+        if self.worker is None:
+            return [0]
+        # the worker runs apart from the engine's loop, as vLLM's worker processes do
+        return [await asyncio.to_thread(getattr(self.worker, method), *sent)]
 
     async def reset_prefix_cache(self):
         self.events.append("reset_prefix_cache")
@@ -165,11 +178,57 @@ async def test_the_group_payloads_survive_the_transport():
     await engine.join_weight_group(info, rank_offset=1)
     await engine.receive_weights(7)
     await engine.leave_weight_group()
-    (join, (raw, offset)), receive, leave = engine.llm.sent
+    (join, (raw, offset, path, join_token)), receive, leave = engine.llm.sent
     assert join == "rft_join_group" and offset == 1
     assert GroupInfo.from_proto(common_pb2.WeightSyncGroupInfo.FromString(raw)) == info
-    assert receive == ("rft_receive", [7]) and leave == ("rft_leave", [])
+    # each join and receive carries the call-off file and a token of its own
+    assert receive == ("rft_receive", [7, path, join_token + 1]) and leave == ("rft_leave", [])
     assert engine.model_version == 7
+
+
+def _group_of_two() -> GroupInfo:
+    spec = TensorSpec("w", torch.float32, (2, 3))
+    return GroupInfo("127.0.0.1", free_port(), 2, specs=(spec,), generation=3, backend="gloo", timeout_s=600)
+
+
+async def test_a_called_off_receive_reaches_the_worker_and_gives_up_within_seconds():
+    """The worker blocks in a broadcast whose sender never sends (the group's timeout is 10 minutes);
+    the explorer abandons it as the synchronizer's call-off makes it (`WeightReceiver.abandon`), and
+    the worker, in its own thread beyond the engine's `collective_rpc`, gives up within seconds."""
+    worker = FakeWorker()
+    engine = _engine(worker)
+    receiver = WeightReceiver(SimpleNamespace(engines=[engine], status="RUNNING"))  # as the explorer's
+    info = _group_of_two()
+    host = asyncio.create_task(asyncio.to_thread(BroadcastGroup.join, info, 0))
+    assert await receiver.setup(info, rank_offset=1) == [1]
+    sender = await host
+    receive = asyncio.create_task(receiver.receive(5))
+    while engine._receiving is None:  # the receive has begun (its token is set before the rpc)
+        await asyncio.sleep(0)
+    called_off = time.monotonic()
+    receiver.abandon()
+    with pytest.raises(StaleGenerationError, match="receive was called off"):
+        await asyncio.wait_for(receive, 30)
+    assert time.monotonic() - called_off < 10
+    assert engine.model_version == 0 and worker.reloads == 0
+    engine.abandon_weights()  # no receive in progress: nothing to call off
+    assert await receiver.teardown(0)
+    await asyncio.to_thread(sender.close)
+    await engine.close()
+    assert not engine._call_off.path.parent.exists()
+
+
+async def test_a_called_off_join_reaches_the_worker():
+    """Rank 0 never comes (its trainer died before hosting): the join's abandon reaches the worker."""
+    engine = _engine()
+    abandon = threading.Event()
+    join = asyncio.create_task(engine.join_weight_group(_group_of_two(), 1, abandon))
+    abandon.set()
+    called_off = time.monotonic()
+    with pytest.raises(StaleGenerationError, match="join was called off"):
+        await asyncio.wait_for(join, 30)
+    assert time.monotonic() - called_off < 10
+    await engine.close()
 
 
 async def test_a_subset_is_completed_from_the_model_folder_and_reloaded_whole(tiny_model_dir):
