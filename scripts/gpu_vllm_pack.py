@@ -58,15 +58,22 @@ DROP = {
 # vLLM requirements not carried: GPU kernel libraries for other paths, media, and what vLLM imports only
 # when asked (a PlaceholderModule or an import inside the function that uses it).
 SKIP = {
-    "flashinfer-python", "tilelang", "apache-tvm-ffi", "nvidia-cudnn-frontend", "nvtx", "fastsafetensors",
+    "flashinfer-python", "tilelang", "nvidia-cudnn-frontend", "nvtx", "fastsafetensors",
     "instanttensor", "nvidia-cutlass-dsl", "quack-kernels", "tokenspeed-mla", "humming-kernels", "numba",
     "torchaudio", "torchvision", "torchcodec", "pynvvideocodec", "opencv-python-headless", "mistral-common",
-    "ninja", "depyf", "lm-format-enforcer", "outlines-core", "llguidance", "mcp", "anthropic",
+    "ninja", "depyf", "lm-format-enforcer", "outlines-core", "mcp", "anthropic",
     "model-hosting-container-standards", "opentelemetry-sdk", "opentelemetry-api", "opentelemetry-exporter-otlp",
     "opentelemetry-semantic-conventions-ai", "watchfiles", "setproctitle", "prometheus-fastapi-instrumentator",
     "compressed-tensors", "tiktoken", "sentencepiece", "lark", "ijson", "python-json-logger", "uvicorn",
     "fastapi-cli", "fastapi-cloud-cli", "rich-toolkit", "httptools", "jinja2", "email-validator",
 }  # fmt: skip
+
+# Imported at engine start but not named by vLLM's METADATA without extras: uvloop (vllm/v1/utils.py; it
+# comes with fastapi[standard] -> uvicorn[standard]).
+EXTRA = ["uvloop"]
+# llguidance 1.7 (which vLLM 0.33 pins, imported by its structured-output manager) is tagged
+# manylinux_2_31; the GPU image's glibc is newer (its python is 3.12.3).
+PLATFORM_ARGS = [*gpu_wheels.PLATFORM_ARGS, "--platform", "manylinux_2_31_x86_64"]
 
 
 def dropped(member: str) -> str | None:
@@ -250,7 +257,7 @@ def strip_so(name: str, data: bytes) -> tuple[bytes, int]:
 
 
 def download(specs: list[str], dest: Path) -> None:
-    cmd = [*gpu_wheels.PIP, "download", "-qq", "--no-deps", *gpu_wheels.PLATFORM_ARGS, "-d", str(dest)]
+    cmd = [*gpu_wheels.PIP, "download", "-qq", "--no-deps", *PLATFORM_ARGS, "-d", str(dest)]
     subprocess.run([*cmd, *specs], check=True)
 
 
@@ -267,7 +274,7 @@ def build(wheel: Path, dest: Path, wheels_dir: Path) -> int:
         )
         return 1
     deps_dir = Path(tempfile.mkdtemp(prefix="gpu-vllm-deps-"))
-    todo, seen, conflicts = needed(wheel, have), set(), []
+    todo, seen, conflicts = needed(wheel, have) + [Requirement(n) for n in EXTRA], set(), []
     while todo:  # the dependency closure, each wheel's own METADATA read as in gpu_wheels.py
         specs = [r for r in todo if canonicalize_name(r.name) not in seen]
         seen |= {canonicalize_name(r.name) for r in specs}
@@ -275,12 +282,12 @@ def build(wheel: Path, dest: Path, wheels_dir: Path) -> int:
             print("[gpu-vllm] downloading", " ".join(str(r).split(";")[0] for r in specs), flush=True)
             download([str(Requirement(f"{r.name}{r.specifier}")) for r in specs], deps_dir)
         todo = [r for w in deps_dir.glob("*.whl") for r in needed(w, have | seen)]
-        for w in deps_dir.glob("*.whl"):
-            for r in gpu_wheels.requires(w, set()):
-                n = canonicalize_name(r.name)
-                v = gpu_wheels.IMAGE_VERSIONS.get(n)
-                if v and not r.specifier.contains(v, prereleases=True) and n != "torch":
-                    conflicts.append(f"{w.name} needs {r}, the GPU image has {n}=={v}")
+    for w in [wheel, *deps_dir.glob("*.whl")]:  # torch is 2.11 there, whatever vLLM's wheel pins
+        for r in gpu_wheels.requires(w, set()):
+            n = canonicalize_name(r.name)
+            v = gpu_wheels.IMAGE_VERSIONS.get(n)
+            if v and not r.specifier.contains(v, prereleases=True) and n != "torch":
+                conflicts.append(f"{w.name} needs {r}, the GPU image has {n}=={v}")
     carried = {canonicalize_name(x.split("==")[0]): x.split("==")[1]
                for x in (wheels_dir / "requirements.txt").read_text().split() if "==" in x}  # fmt: skip
     for r in gpu_wheels.requires(wheel, set()):  # vLLM's own floors against what .gpu-wheels/ carries
