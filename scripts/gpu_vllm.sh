@@ -14,7 +14,8 @@
 #
 # Steps (one summary line each: name, ok/failed/skipped/timeout, seconds; each bounded by what is left):
 #   setup      .gpu-wheels into .gpu-deps (as the probe), the pieces joined and unpacked into .gpu-vllm-site
-#   import     vLLM's compiled ops load on the image's torch (_C_stable_libtorch, cumem_allocator), versions
+#   import     vLLM's compiled ops load on the image's torch (_C_stable_libtorch, cumem_allocator) and
+#              _C.rms_norm equals torch's on the device (scripts/gpu_vllm_ops.py); versions
 #   engine     tests/vllm_engine on the GPU: generation and log-probs, in-flight pause/resume, the sync
 #              methods (nccl into the engine's workers, a lora_adapter load)
 #   colocate   sleep/wake in one-GPU mode (tests/vllm_engine/test_vllm_colocate.py)
@@ -48,7 +49,7 @@ ENGINE_TESTS="tests/vllm_engine/test_vllm_generation.py tests/vllm_engine/test_v
 COLOCATE_TESTS="tests/vllm_engine/test_vllm_colocate.py"
 declare -A CMDS=(
   [setup]="install_wheels && install_vllm"
-  [import]="$VPY -c 'import json, torch, vllm, vllm._C_stable_libtorch, vllm.cumem_allocator, transformers, triton; print(json.dumps({\"vllm\": vllm.__version__, \"torch\": torch.__version__, \"triton\": triton.__version__, \"transformers\": transformers.__version__, \"device\": torch.cuda.get_device_name(0), \"capability\": list(torch.cuda.get_device_capability(0)), \"vllm_C_ops\": len(dir(torch.ops._C))}))'"
+  [import]="$VPY scripts/gpu_vllm_ops.py"
   [engine]="$PYTEST $ENGINE_TESTS"
   [colocate]="$PYTEST $COLOCATE_TESTS"
 )

@@ -44,5 +44,5 @@ def test_vllm_attention_backend_from_the_environment_reaches_the_engine_args_onl
 
     monkeypatch.delenv("VLLM_ATTENTION_BACKEND", raising=False)
     assert attention_backend() == {}  # vLLM's own choice
-    monkeypatch.setenv("VLLM_ATTENTION_BACKEND", "TRITON_ATTN")  # scripts/gpu_vllm.sh: no FlashAttention there
+    monkeypatch.setenv("VLLM_ATTENTION_BACKEND", "TRITON_ATTN")  # as scripts/gpu_vllm.sh sets it
     assert attention_backend() == {"attention_backend": "TRITON_ATTN"}
