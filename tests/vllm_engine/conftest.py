@@ -14,6 +14,7 @@ Features the CPU build lacks (sleep mode, NCCL, CUDA IPC, tensor parallelism) ar
 from __future__ import annotations
 
 import importlib.util
+import os
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -46,9 +47,15 @@ def vllm_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("vllm_tiny") / "model")
 
 
+# RFT_VLLM_ENFORCE_EAGER=1: the engines run eager (scripts/gpu_vllm.sh sets it: vLLM 0.33's compile path
+# is built against torch 2.14, the GPU image has 2.11)
+EAGER = os.environ.get("RFT_VLLM_ENFORCE_EAGER") == "1"
+
+
 def engine_config(**fields):
     from services.common.config import InferenceModelConfig
 
+    fields = {"enforce_eager": EAGER, **fields}
     return InferenceModelConfig(engine_type="vllm", dtype="float32", gpu_memory_utilization=0.3, **fields)
 
 

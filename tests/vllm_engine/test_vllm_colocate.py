@@ -10,7 +10,7 @@ import torch
 
 from services.common.config import load_config, resolve
 from tests.unit.explorer.fakes import sampling
-from tests.vllm_engine.conftest import HAS_VLLM, needs_gpu, restore_weights
+from tests.vllm_engine.conftest import EAGER, HAS_VLLM, needs_gpu, restore_weights
 
 pytestmark = [
     pytest.mark.asyncio(loop_scope="session"),
@@ -19,11 +19,12 @@ pytestmark = [
     pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed"),
 ]
 
-COLOCATED = """
-model: {max_response_tokens: 8}
-cluster: {colocate: true, gpu_per_node: 1}
-explorer: {rollout_model: {engine_type: vllm, dtype: float32, gpu_memory_utilization: 0.25}}
-"""
+COLOCATED = (
+    "model: {max_response_tokens: 8}\n"
+    "cluster: {colocate: true, gpu_per_node: 1}\n"
+    "explorer: {rollout_model: {engine_type: vllm, dtype: float32, gpu_memory_utilization: 0.25,"
+    f" enforce_eager: {str(EAGER).lower()}}}}}\n"
+)
 
 
 async def test_colocated_vllm_engine_sleeps_frees_its_reserve_and_wakes_on_a_load(vllm_model_dir):

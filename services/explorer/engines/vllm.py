@@ -102,6 +102,14 @@ def gpu_environment() -> None:
     os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
 
 
+def attention_backend() -> dict:
+    """`attention_backend` for the engine's arguments from `VLLM_ATTENTION_BACKEND` (an environment
+    variable vLLM 0.33 no longer reads; e.g. TRITON_ATTN where vLLM's FlashAttention build is absent,
+    scripts/gpu_vllm.sh), or nothing: vLLM's own choice."""
+    backend = os.environ.get("VLLM_ATTENTION_BACKEND")
+    return {"attention_backend": backend} if backend else {}
+
+
 @contextmanager
 def _visible_devices(devices: Sequence[int] | None):
     """Workers spawned inside see only `devices` (one engine's GPUs)."""
@@ -234,6 +242,7 @@ class VLLMEngine(EngineState):
             worker_extension_cls=WORKER_EXTENSION,
             # the trainer's definition (log_softmax(logits / T)); scripts/vllm_api_rules.py holds it to this
             logprobs_mode="processed_logprobs",
+            **attention_backend(),
         )
         with _visible_devices(None if on_cpu else engine_gpus(device, tp)):
             llm = AsyncLLM.from_engine_args(args)

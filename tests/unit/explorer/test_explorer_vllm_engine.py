@@ -37,3 +37,12 @@ def test_on_a_gpu_the_v1_model_runner_is_pinned_unless_the_user_chose(monkeypatc
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")  # a user opts in to Model Runner V2
     gpu_environment()
     assert os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+
+
+def test_vllm_attention_backend_from_the_environment_reaches_the_engine_args_only_when_set(monkeypatch):
+    from services.explorer.engines.vllm import attention_backend
+
+    monkeypatch.delenv("VLLM_ATTENTION_BACKEND", raising=False)
+    assert attention_backend() == {}  # vLLM's own choice
+    monkeypatch.setenv("VLLM_ATTENTION_BACKEND", "TRITON_ATTN")  # as scripts/gpu_vllm.sh sets it
+    assert attention_backend() == {"attention_backend": "TRITON_ATTN"}
