@@ -36,7 +36,7 @@ case "$DEPS" in /*) ;; *) DEPS=$PWD/$DEPS ;; esac
 case "$SITE" in /*) ;; *) SITE=$PWD/$SITE ;; esac
 # vLLM 0.33 reads no attention backend from the environment; the explorer's engine passes this one on
 # (services/explorer/engines/vllm.py attention_backend): FlashAttention does not travel
-export VLLM_ATTENTION_BACKEND=${VLLM_ATTENTION_BACKEND:-TRITON_ATTN}
+export RFT_VLLM_ATTENTION_BACKEND=${RFT_VLLM_ATTENTION_BACKEND:-TRITON_ATTN}
 # the test engines run eager (tests/vllm_engine/conftest.py): vLLM 0.33 compiles with torch 2.14's inductor
 export RFT_VLLM_ENFORCE_EAGER=${RFT_VLLM_ENFORCE_EAGER:-1}
 VPY="env PYTHONPATH=$DEPS:$SITE:$PWD:$PWD/protos${PYTHONPATH:+:$PYTHONPATH} PATH=$DEPS/bin:$PATH $PY3"
@@ -128,7 +128,7 @@ RESULTS=$OUTDIR/results.jsonl
 : > "$SUMMARY"
 : > "$RESULTS"
 say() { echo "$*" | tee -a "$SUMMARY"; }
-say "[gpu-vllm] deadline ${DEADLINE_S}s; steps: ${STEPS[*]}; VLLM_ATTENTION_BACKEND=$VLLM_ATTENTION_BACKEND RFT_VLLM_ENFORCE_EAGER=$RFT_VLLM_ENFORCE_EAGER; files in $OUTDIR"
+say "[gpu-vllm] deadline ${DEADLINE_S}s; steps: ${STEPS[*]}; RFT_VLLM_ATTENTION_BACKEND=$RFT_VLLM_ATTENTION_BACKEND RFT_VLLM_ENFORCE_EAGER=$RFT_VLLM_ENFORCE_EAGER; files in $OUTDIR"
 record() {  # one JSON line per step: status, seconds, pytest's counts, the import step's JSON
   "$PY3" - "$@" <<'PY' >> "$RESULTS"
 import json, re, sys

@@ -103,10 +103,10 @@ def gpu_environment() -> None:
 
 
 def attention_backend() -> dict:
-    """`attention_backend` for the engine's arguments from `VLLM_ATTENTION_BACKEND` (an environment
-    variable vLLM 0.33 no longer reads; e.g. TRITON_ATTN where vLLM's FlashAttention build is absent,
+    """`attention_backend` for the engine's arguments from `RFT_VLLM_ATTENTION_BACKEND` (vLLM 0.33 reads
+    no environment variable for it; e.g. TRITON_ATTN where vLLM's FlashAttention build is absent,
     scripts/gpu_vllm.sh), or nothing: vLLM's own choice."""
-    backend = os.environ.get("VLLM_ATTENTION_BACKEND")
+    backend = os.environ.get("RFT_VLLM_ATTENTION_BACKEND")
     return {"attention_backend": backend} if backend else {}
 
 

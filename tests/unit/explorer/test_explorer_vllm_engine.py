@@ -42,7 +42,7 @@ def test_on_a_gpu_the_v1_model_runner_is_pinned_unless_the_user_chose(monkeypatc
 def test_vllm_attention_backend_from_the_environment_reaches_the_engine_args_only_when_set(monkeypatch):
     from services.explorer.engines.vllm import attention_backend
 
-    monkeypatch.delenv("VLLM_ATTENTION_BACKEND", raising=False)
+    monkeypatch.delenv("RFT_VLLM_ATTENTION_BACKEND", raising=False)
     assert attention_backend() == {}  # vLLM's own choice
-    monkeypatch.setenv("VLLM_ATTENTION_BACKEND", "TRITON_ATTN")  # as scripts/gpu_vllm.sh sets it
+    monkeypatch.setenv("RFT_VLLM_ATTENTION_BACKEND", "TRITON_ATTN")  # as scripts/gpu_vllm.sh sets it
     assert attention_backend() == {"attention_backend": "TRITON_ATTN"}
