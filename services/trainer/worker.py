@@ -19,7 +19,8 @@ bf16 on CUDA (it is never trained, so it needs no fp32 master).  veRL's `fsdp_co
 parameters (FSDP2 `CPUOffloadPolicy`) or the actor's optimizer state (between updates) on the CPU.
 On a GPU shared with the rollout engine (`TrainerSettings.cuda_memory_fraction`) the rank caps its
 CUDA allocator at its share and empties its cache after each step and weight gather, so the engine
-beside it can wake.
+beside it can wake; its startup heap is frozen (`gc.freeze`), so the collection before each release
+looks only at what the step made.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from services.common import tracing
-from services.common.gpu_memory import cap_cuda_memory, release_cuda_cache
+from services.common.gpu_memory import cap_cuda_memory, freeze_heap, release_cuda_cache
 from services.common.modeling import load_tokenizer
 from services.trainer.actor import Actor
 from services.trainer.advantage_stage import shape_rewards_and_advantages
@@ -141,6 +142,8 @@ class FSDPWorker:
             settings.preset, self.tokenizer, settings.max_response_tokens
         )
         self.checkpoints = CheckpointManager(settings.job_dir, info, settings.max_checkpoints_to_keep)
+        if settings.cuda_memory_fraction is not None:  # the release after each step collects only what is new
+            freeze_heap()
 
     def _build(self, load: Callable[[bool], nn.Module], offload: bool = False) -> nn.Module:
         """The sharded module `load(meta)` describes, never whole on the device.

@@ -6,6 +6,8 @@ may have no CUDA at all). No GPU needed."""
 from __future__ import annotations
 
 import dataclasses
+import gc
+import weakref
 
 import pytest
 import torch
@@ -13,7 +15,7 @@ import torch
 from launcher.tiny_model import make_tiny_model
 from services.common.config import load_config
 from services.common.config.gpus import SHARED_GPU_MARGIN
-from services.common.gpu_memory import cap_cuda_memory, release_cuda_cache
+from services.common.gpu_memory import cap_cuda_memory, freeze_heap, release_cuda_cache
 from services.trainer.collate import collate
 from services.trainer.distributed import ensure_process_group
 from services.trainer.engine import FSDPEngine
@@ -62,8 +64,32 @@ def test_a_cpu_trainer_with_the_cap_steps_and_gathers_as_without(tmp_path):
     the releases are no-ops there)."""
     config = make_config(make_tiny_model(tmp_path / "tiny"), tmp_path / "run")
     settings = dataclasses.replace(TrainerSettings.from_config(config), cuda_memory_fraction=0.65)
-    engine = FSDPEngine(settings, ensure_process_group())
-    metrics = engine.train_step(collate(make_experiences(4, group_size=4, seed=1)))
-    assert metrics["actor/grad_norm"] >= 0
-    state = dict(engine.iter_state_dict())
-    assert state and all(t.device.type == "cpu" for t in state.values())
+    try:
+        engine = FSDPEngine(settings, ensure_process_group())
+        assert gc.get_freeze_count() > 0  # the startup heap is frozen: each release's collection is cheap
+        metrics = engine.train_step(collate(make_experiences(4, group_size=4, seed=1)))
+        assert metrics["actor/grad_norm"] >= 0
+        state = dict(engine.iter_state_dict())
+        assert state and all(t.device.type == "cpu" for t in state.values())
+    finally:
+        gc.unfreeze()  # the test process goes on to other tests
+
+
+def test_after_freeze_heap_a_collection_still_frees_the_cycles_made_since():
+    """What the release relies on: a full collection after `freeze_heap` frees new reference cycles
+    holding tensors (the frozen startup heap is only left out of the scan)."""
+    try:
+        freeze_heap()
+        gc.disable()  # no automatic collection in between: only the explicit one below frees them
+        refs = []
+        for _ in range(50):
+            a = {"t": torch.ones(4)}
+            a["self"] = a
+            refs.append(weakref.ref(a["t"]))
+        del a
+        assert all(r() is not None for r in refs)
+        gc.collect()
+        assert all(r() is None for r in refs)
+    finally:
+        gc.enable()
+        gc.unfreeze()
