@@ -273,9 +273,9 @@ async def test_a_called_off_broadcast_reaches_the_engines_workers(sync_run, vllm
     decision = await run.trainer.request_sync(step=2, timeout_s=20)
     answer = await wait
     assert decision.accepted and answer.receive_broadcast
-    fetch = asyncio.create_task(run.fetch(answer))  # the explorer's BroadcastFetch over its WeightReceiver
-    while vllm_engine._receiving is None:  # the worker's receive has been sent
-        await asyncio.sleep(0)
+    # the explorer's BroadcastFetch over its WeightReceiver: the receive starts at once, and the call-off
+    # can land only after two of the fetch's heartbeats (a second apart) have seen it
+    fetch = asyncio.create_task(run.fetch(answer))
     await run.trainer.register()  # the trainer's new process: the broadcast is over
     called_off = time.monotonic()
     with pytest.raises(StaleGenerationError, match="called"):

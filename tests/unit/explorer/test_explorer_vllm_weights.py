@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections import defaultdict
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -121,9 +122,11 @@ class FakeLLM:
         self.events: list[str] = []
         self.files: list[str] = []
         self.sent: list[tuple[str, list]] = []
+        self.entered: defaultdict[str, asyncio.Event] = defaultdict(asyncio.Event)  # set as a method is sent
 
     async def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
         self.events.append(method)
+        self.entered[method].set()
         sent = _round_trip(list(args))
         assert sent == list(args), f"{method}: the transport changed its arguments"
         self.sent.append((method, sent))
@@ -203,8 +206,7 @@ async def test_a_called_off_receive_reaches_the_worker_and_gives_up_within_secon
     assert await receiver.setup(info, rank_offset=1) == [1]
     sender = await host
     receive = asyncio.create_task(receiver.receive(5))
-    while engine._receiving is None:  # the receive has begun (its token is set before the rpc)
-        await asyncio.sleep(0)
+    await engine.llm.entered["rft_receive"].wait()  # the worker's receive has been sent
     called_off = time.monotonic()
     receiver.abandon()
     with pytest.raises(StaleGenerationError, match="receive was called off"):
