@@ -169,31 +169,8 @@ print(json.dumps(rec))
 PY
 }
 
-FAILED=0
-for s in "${STEPS[@]}"; do
-  planned=${PLANNED[$s]}
-  left=$(( DEADLINE_S - (SECONDS - START) - MARGIN_S ))
-  bound=$(( 2 * planned < left ? 2 * planned : left ))
-  log=$OUTDIR/$s.log
-  if [ "$bound" -lt $(( planned / 2 )) ]; then
-    say "$(printf '%-14s skipped   %4ss (only %ss left before the %ss deadline; planned %ss)' "$s" 0 "$left" "$DEADLINE_S" "$planned")"
-    record "$s" skipped 0 "$planned" 0 /dev/null
-    continue
-  fi
-  t0=$SECONDS
-  timeout -k 10 "$bound" bash -c "${CMDS[$s]}" > "$log" 2>&1
-  rc=$?
-  took=$(( SECONDS - t0 ))
-  case $rc in 0) status=ok ;; 124|137) status=timeout; FAILED=1 ;; *) status=failed; FAILED=1 ;; esac
-  say "$(printf '%-14s %-8s %5ss (planned %ss, bound %ss)' "$s" "$status" "$took" "$planned" "$bound")"
-  [ "$status" = ok ] || tail -n 15 "$log" | sed 's/^/    | /'
-  record "$s" "$status" "$took" "$planned" "$bound" "$log"
-  if [ "$s" = setup ] && [ "$status" != ok ]; then
-    say "[gpu-probe] setup failed: no step can run"
-    for r in "${STEPS[@]:1}"; do say "$(printf '%-14s skipped   %4ss (setup failed)' "$r" 0)"; record "$r" skipped 0 "${PLANNED[$r]}" 0 /dev/null; done
-    break
-  fi
-done
+source scripts/gpu_steps.sh
+run_steps gpu-probe 14 setup
 say "[gpu-probe] done in $(( SECONDS - START ))s; $( [ "$FAILED" = 0 ] && echo 'all ok' || echo 'some steps did not pass' )"
 cat "$RESULTS"
 exit "$FAILED"

@@ -149,30 +149,8 @@ print(json.dumps(rec))
 PY
 }
 
-FAILED=0
-for s in "${STEPS[@]}"; do
-  planned=${PLANNED[$s]}
-  left=$(( DEADLINE_S - (SECONDS - START) - MARGIN_S ))
-  bound=$(( 2 * planned < left ? 2 * planned : left ))
-  log=$OUTDIR/$s.log
-  if [ "$bound" -lt $(( planned / 2 )) ]; then
-    say "$(printf '%-10s skipped   %4ss (only %ss left before the %ss deadline; planned %ss)' "$s" 0 "$left" "$DEADLINE_S" "$planned")"
-    record "$s" skipped 0 "$planned" 0 /dev/null
-    continue
-  fi
-  t0=$SECONDS
-  timeout -k 10 "$bound" bash -c "${CMDS[$s]}" > "$log" 2>&1
-  rc=$?
-  took=$(( SECONDS - t0 ))
-  case $rc in 0) status=ok ;; 124|137) status=timeout; FAILED=1 ;; *) status=failed; FAILED=1 ;; esac
-  say "$(printf '%-10s %-8s %5ss (planned %ss, bound %ss)' "$s" "$status" "$took" "$planned" "$bound")"
-  [ "$status" = ok ] || tail -n 15 "$log" | sed 's/^/    | /'
-  record "$s" "$status" "$took" "$planned" "$bound" "$log"
-  if [ "$status" != ok ] && { [ "$s" = setup ] || [ "$s" = import ]; }; then
-    say "[gpu-vllm] $s failed: no engine step can run"
-    break
-  fi
-done
+source scripts/gpu_steps.sh
+run_steps gpu-vllm 10 setup import
 say "[gpu-vllm] done in $(( SECONDS - START ))s; $( [ "$FAILED" = 0 ] && echo 'all ok' || echo 'some steps did not pass' )"
 cat "$RESULTS"
 exit "$FAILED"
