@@ -26,6 +26,7 @@
 # (one JSON line per step: status, seconds, the benches' JSON last lines, pytest counts), <step>.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+source scripts/gpu_steps.sh  # install_wheels, run_steps
 
 DEADLINE_S=${RFT_PROBE_DEADLINE_S:-540}
 MARGIN_S=15       # kept for the summary after the last step
@@ -53,14 +54,6 @@ declare -A CMDS=(
   [trl]="$VPY bench/e2e_vs_trl.py --gpu --steps 12 --warmup 3 --reps 1 --trl-python \$(command -v $PY3)"
 )
 
-install_wheels() {
-  [ -f "$WHEELS/requirements.txt" ] || { echo "$WHEELS/requirements.txt is missing: run 'bash scripts/gpu_wheels.sh' where PyPI is reachable, then carry $WHEELS"; return 1; }
-  [ -f "$DEPS/.installed" ] && return 0
-  rm -rf "$DEPS"
-  "$PY3" -m pip --isolated install --quiet --no-index --no-deps --target "$DEPS" --find-links "$WHEELS" \
-    -r "$WHEELS/requirements.txt" && touch "$DEPS/.installed"
-}
-export -f install_wheels
 export WHEELS DEPS PY3
 
 if [ "${1:-}" = "--list" ]; then
@@ -169,7 +162,6 @@ print(json.dumps(rec))
 PY
 }
 
-source scripts/gpu_steps.sh
 run_steps gpu-probe 14 setup
 say "[gpu-probe] done in $(( SECONDS - START ))s; $( [ "$FAILED" = 0 ] && echo 'all ok' || echo 'some steps did not pass' )"
 cat "$RESULTS"

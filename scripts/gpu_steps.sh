@@ -1,4 +1,17 @@
-# The deadline loop of the prepared GPU commands, sourced by scripts/gpu_probe.sh and scripts/gpu_vllm.sh.
+# What the prepared GPU commands share, sourced by scripts/gpu_probe.sh and scripts/gpu_vllm.sh: the carried
+# wheels' install and the deadline loop.
+#
+# `install_wheels`: WHEELS (.gpu-wheels/, made by scripts/gpu_wheels.sh) into DEPS with pip, offline and
+# --no-deps, once (DEPS/.installed); PY3 is the GPU machine's python. Exported for the steps' subshells.
+install_wheels() {
+  [ -f "$WHEELS/requirements.txt" ] || { echo "$WHEELS/requirements.txt is missing: run 'bash scripts/gpu_wheels.sh' where PyPI is reachable, then carry $WHEELS"; return 1; }
+  [ -f "$DEPS/.installed" ] && return 0
+  rm -rf "$DEPS"
+  "$PY3" -m pip --isolated install --quiet --no-index --no-deps --target "$DEPS" --find-links "$WHEELS" \
+    -r "$WHEELS/requirements.txt" && touch "$DEPS/.installed"
+}
+export -f install_wheels
+
 # The caller sets STEPS (in order), PLANNED[step] (seconds), CMDS[step], DEADLINE_S, MARGIN_S, START and
 # OUTDIR, and defines `say LINE` and `record STEP STATUS SECONDS PLANNED BOUND LOG`.
 # `run_steps TAG WIDTH [FATAL...]`: each step runs under `timeout` min(2 x planned, seconds left before the

@@ -23,6 +23,7 @@
 # <step>.log.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+source scripts/gpu_steps.sh  # install_wheels, run_steps
 
 DEADLINE_S=${RFT_PROBE_DEADLINE_S:-540}
 MARGIN_S=15
@@ -54,19 +55,12 @@ declare -A CMDS=(
   [colocate]="$PYTEST $COLOCATE_TESTS"
 )
 
-install_wheels() {
-  [ -f "$WHEELS/requirements.txt" ] || { echo "$WHEELS/requirements.txt is missing: carry $WHEELS (bash scripts/gpu_wheels.sh)"; return 1; }
-  [ -f "$DEPS/.installed" ] && return 0
-  rm -rf "$DEPS"
-  "$PY3" -m pip --isolated install --quiet --no-index --no-deps --target "$DEPS" --find-links "$WHEELS" \
-    -r "$WHEELS/requirements.txt" && touch "$DEPS/.installed"
-}
 install_vllm() {
   [ -f "$SITE/.installed" ] && return 0
   rm -rf "$SITE"
   $PY3 scripts/gpu_vllm_pack.py unpack --dest "$PIECES" --stage "$STAGE" --site "$SITE" && touch "$SITE/.installed"
 }
-export -f install_wheels install_vllm
+export -f install_vllm
 export WHEELS DEPS PY3 PIECES STAGE SITE
 
 case "${1:-}" in
@@ -149,7 +143,6 @@ print(json.dumps(rec))
 PY
 }
 
-source scripts/gpu_steps.sh
 run_steps gpu-vllm 10 setup import
 say "[gpu-vllm] done in $(( SECONDS - START ))s; $( [ "$FAILED" = 0 ] && echo 'all ok' || echo 'some steps did not pass' )"
 cat "$RESULTS"
