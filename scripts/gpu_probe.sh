@@ -123,14 +123,7 @@ if [ "${1:-}" = "--dry-run" ]; then
 fi
 [ $# -eq 0 ] || { echo "usage: bash scripts/gpu_probe.sh [--dry-run | --list] (unknown: $*)" >&2; exit 2; }
 
-START=$SECONDS
-OUTDIR=${OUT:-runs/gpu_probe}/probe
-mkdir -p "$OUTDIR"
-SUMMARY=$OUTDIR/summary.txt
-RESULTS=$OUTDIR/results.jsonl
-: > "$SUMMARY"
-: > "$RESULTS"
-say() { echo "$*" | tee -a "$SUMMARY"; }
+open_outputs "${OUT:-runs/gpu_probe}/probe"
 say "[gpu-probe] deadline ${DEADLINE_S}s; steps: ${STEPS[*]}; files in $OUTDIR"
 
 # one JSON line per step: the bench JSON objects of its log (lines holding "ratio", or the setup's

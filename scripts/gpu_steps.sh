@@ -12,8 +12,21 @@ install_wheels() {
 }
 export -f install_wheels
 
-# The caller sets STEPS (in order), PLANNED[step] (seconds), CMDS[step], DEADLINE_S, MARGIN_S, START and
-# OUTDIR, and defines `say LINE` and `record STEP STATUS SECONDS PLANNED BOUND LOG`.
+# `open_outputs DIR`: START (now), OUTDIR (DIR, made), SUMMARY (summary.txt) and RESULTS (results.jsonl), both
+# emptied; `say LINE` prints a line and appends it to the summary.
+open_outputs() {
+  START=$SECONDS
+  OUTDIR=$1
+  mkdir -p "$OUTDIR"
+  SUMMARY=$OUTDIR/summary.txt
+  RESULTS=$OUTDIR/results.jsonl
+  : > "$SUMMARY"
+  : > "$RESULTS"
+}
+say() { echo "$*" | tee -a "$SUMMARY"; }
+
+# For `run_steps` the caller sets STEPS (in order), PLANNED[step] (seconds), CMDS[step], DEADLINE_S and
+# MARGIN_S, opens the outputs and defines `record STEP STATUS SECONDS PLANNED BOUND LOG`.
 # `run_steps TAG WIDTH [FATAL...]`: each step runs under `timeout` min(2 x planned, seconds left before the
 # deadline - margin), or is skipped (a line saying so) when less than half its planned time is left; one
 # summary line per step (name padded to WIDTH, ok/failed/timeout/skipped, seconds), its log in

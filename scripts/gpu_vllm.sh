@@ -114,14 +114,7 @@ run) ;;
 *) echo "usage: bash scripts/gpu_vllm.sh stage | run | --dry-run | --list" >&2; exit 2 ;;
 esac
 
-START=$SECONDS
-OUTDIR=${OUT:-runs/gpu_vllm}/vllm
-mkdir -p "$OUTDIR"
-SUMMARY=$OUTDIR/summary.txt
-RESULTS=$OUTDIR/results.jsonl
-: > "$SUMMARY"
-: > "$RESULTS"
-say() { echo "$*" | tee -a "$SUMMARY"; }
+open_outputs "${OUT:-runs/gpu_vllm}/vllm"
 say "[gpu-vllm] deadline ${DEADLINE_S}s; steps: ${STEPS[*]}; RFT_VLLM_ATTENTION_BACKEND=$RFT_VLLM_ATTENTION_BACKEND RFT_VLLM_ENFORCE_EAGER=$RFT_VLLM_ENFORCE_EAGER; files in $OUTDIR"
 record() {  # one JSON line per step: status, seconds, pytest's counts, the import step's JSON
   "$PY3" - "$@" <<'PY' >> "$RESULTS"

@@ -52,14 +52,17 @@ def _run_steps(tmp_path: Path, steps: str, fatal: str) -> tuple[str, list[str], 
 set -uo pipefail
 source scripts/gpu_steps.sh
 {steps}
-DEADLINE_S=100 MARGIN_S=15 START=$SECONDS OUTDIR={tmp_path}
-say() {{ echo "$*"; }}
+DEADLINE_S=100 MARGIN_S=15
+open_outputs {tmp_path}
 record() {{ echo "$1 $2" >> {tmp_path}/records; }}
 run_steps probe 8 {fatal}
 echo "FAILED=$FAILED"
 """
     out = subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     records = (tmp_path / "records").read_text().splitlines()
+    assert (tmp_path / "summary.txt").read_text().splitlines() == [
+        ln for ln in out.splitlines() if not ln.startswith(("    | ", "FAILED="))
+    ]
     return out, records, int(out.strip().splitlines()[-1].split("=")[1])
 
 
